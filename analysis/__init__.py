@@ -1,0 +1,1 @@
+"""Aggregate lm-ablate runs into comparison tables, figures and reports."""

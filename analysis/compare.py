@@ -1,0 +1,317 @@
+"""Work out what a set of runs varied, and compare the arms of each varied axis against a baseline.
+
+The design is read from the configs, not declared: any config key whose value differs between runs is a
+candidate axis. Keys that always change together (``norm.name`` and ``norm.bias`` when RMSNorm has no bias)
+describe one intervention, so they are collapsed into one axis rather than reported twice. An axis is
+compared *within* each context (a combination of the other axes' values), so a 2x2 design of norm x
+placement yields "layernorm vs rmsnorm" once under pre-norm and once under post-norm, never pooled across a
+confound.
+
+Aggregates use completed runs only: a diverged run has no comparable final loss and fewer steps (so fewer
+chances to spike), and a running or killed run is not finished. Such runs are counted and listed per arm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.load import MISSING_VALUE, AnalysisError, RunSet
+from analysis.stats import mean_ci, welch
+from lm_ablate import metrics as M
+
+EXCLUDED_KEYS = frozenset(
+    {M.SEED, "study", "train.progress", "train.device", "train.threads", "data.cache_dir"}
+)  # bookkeeping that differs between runs without being an intervention
+EXCLUDED_PREFIXES = ("choices.", "tracking.")
+ALL_RUNS = "all runs"  # context label when there is no other varied axis
+AGGREGATED = (M.FINAL_VAL_LOSS, M.BEST_VAL_LOSS, M.GRAD_NORM_SPIKES, M.LOSS_SPIKES, M.MEAN_TOKENS_PER_SEC)
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One intervention: ``name`` is the key shown; ``keys`` all config keys that split runs identically."""
+
+    name: str
+    keys: tuple[str, ...]
+
+
+@dataclass
+class Comparison:
+    """The arms of one axis, compared within each context. ``table`` has one row per (context, arm)."""
+
+    axis: Axis
+    arms: list[str]
+    baseline: str
+    contexts: list[str]
+    table: pd.DataFrame
+    assignment: dict[str, tuple[str, str]]  # run_id -> (context, arm), for plots and run listings
+
+
+@dataclass
+class ComparisonSet:
+    comparisons: list[Comparison]
+    varied: list[Axis]  # every automatic axis (compared or not)
+    values: dict[str, list[Any]]  # varied key -> its distinct values, sorted
+    fixed: dict[str, Any]  # key -> the one value all runs share
+    ignored: dict[str, list[Any]]  # varied keys that are bookkeeping, not interventions (seed, devices, ...)
+    left_out: list[str]  # runs without a readable config: they cannot be placed in an arm
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def table(self) -> pd.DataFrame:
+        frames = [c.table for c in self.comparisons]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    def run_label(self, run_id: str, configs: dict[str, dict[str, Any]]) -> str:
+        """The run's value on every varied axis ("norm.name=rmsnorm, norm.placement=post")."""
+        cfg = configs.get(run_id)
+        if cfg is None:
+            return "(no config)"
+        return ", ".join(f"{ax.name}={fmt_value(cfg.get(ax.name))}" for ax in self.varied) or ALL_RUNS
+
+
+def fmt_value(value: Any) -> str:
+    """Config value as written in YAML/Hydra overrides, so ``--baseline`` and the report use one spelling."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    """Numbers numerically (lr 3e-4 < 1e-3), then booleans, then strings; null and missing last."""
+    if value is MISSING_VALUE or value == MISSING_VALUE:
+        return (4, "")
+    if value is None:
+        return (3, "")
+    if isinstance(value, bool):
+        return (1, int(value))
+    if isinstance(value, (int, float)):
+        return (0, value)
+    return (2, str(value))
+
+
+def _sorted_values(values: Iterable[Any]) -> list[Any]:
+    return sorted(set(values), key=_sort_key)
+
+
+def _matches(value: Any, text: str) -> bool:
+    """Does a config value equal a user-typed string? Numbers compare numerically, true/null case-blind."""
+    if fmt_value(value) == text or fmt_value(value).lower() == text.strip().lower():
+        return True
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(text) == float(value)
+        except ValueError:
+            return False
+    return value is None and text.strip().lower() in ("none", "~", "")
+
+
+def is_candidate(key: str) -> bool:
+    return key not in EXCLUDED_KEYS and not key.startswith(EXCLUDED_PREFIXES)
+
+
+def _preferred(keys: Sequence[str]) -> str:
+    """Name an axis by the key a reader recognises: ``*.name`` (the option chosen), then ``*.placement``."""
+    return min(keys, key=lambda k: (not k.endswith(".name"), not k.endswith(".placement"), len(k), k))
+
+
+def _partition(run_ids: Sequence[str], configs: dict[str, dict[str, Any]], key: str) -> tuple[int, ...]:
+    """Label each run by the first run sharing its value: equal tuples mean keys split runs identically."""
+    first: dict[Any, int] = {}
+    return tuple(first.setdefault(configs[r][key], len(first)) for r in run_ids)
+
+
+def find_axes(rs: RunSet) -> tuple[list[Axis], dict[str, list[Any]], dict[str, Any], dict[str, list[Any]]]:
+    """(axes, varied values, fixed values, ignored varied keys) over runs with a readable config.
+
+    Keys keep the order of the first config (model, norm, position, ...), which is the order a reader expects.
+    """
+    run_ids = list(rs.configs)
+    order: dict[str, int] = {}
+    for cfg in rs.configs.values():
+        for key in cfg:
+            order.setdefault(key, len(order))
+    keys = sorted(order, key=order.__getitem__)
+    varied: dict[str, list[Any]] = {}
+    fixed: dict[str, Any] = {}
+    for key in keys:
+        values = _sorted_values(rs.configs[r][key] for r in run_ids)
+        if len(values) > 1:
+            varied[key] = values
+        elif values:
+            fixed[key] = values[0]
+    ignored = {k: v for k, v in varied.items() if not is_candidate(k)}
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for key in varied:
+        if is_candidate(key):
+            groups.setdefault(_partition(run_ids, rs.configs, key), []).append(key)
+    axes = []
+    for members in groups.values():
+        name = _preferred(members)
+        axes.append(Axis(name, (name, *(k for k in members if k != name))))
+    return axes, varied, fixed, ignored
+
+
+def parse_baseline(spec: str | None) -> tuple[str, str] | None:
+    if spec is None:
+        return None
+    key, sep, value = spec.partition("=")
+    if not sep or not key.strip():
+        raise AnalysisError(f"--baseline must look like KEY=VALUE (e.g. norm.name=layernorm), got {spec!r}")
+    return key.strip(), value.strip()
+
+
+def compare_runs(rs: RunSet, by: Sequence[str] | None = None, baseline: str | None = None) -> ComparisonSet:
+    """Compare the arms of every varied axis (or of the ``by`` keys) within each context of the other axes.
+
+    Raises :class:`AnalysisError` for an unknown or constant ``by`` key and for a ``baseline`` (KEY=VALUE)
+    that names no compared axis or no arm of it.
+    """
+    axes, varied, fixed, ignored = find_axes(rs)
+    run_ids = list(rs.configs)
+    left_out = [r for r in rs.runs["run_id"] if r not in rs.configs]
+    notes: list[str] = []
+    if by:
+        chosen = [_axis_for_key(key, axes, varied, fixed) for key in by]
+    else:
+        chosen = []
+        for axis in axes:
+            if _has_contrast(axis, axes, run_ids, rs):
+                chosen.append(axis)
+            else:
+                others = ", ".join(a.name for a in axes if a != axis)
+                notes.append(
+                    f"{axis.name} varies only together with other axes ({others}): no context holds "
+                    "two of its values, so it is not compared on its own"
+                )
+    base = parse_baseline(baseline)
+    if base is not None and not any(base[0] in ax.keys for ax in chosen):
+        raise AnalysisError(
+            f"--baseline key {base[0]!r} is not a compared axis; compared: "
+            + (", ".join(k for ax in chosen for k in ax.keys) or "none")
+        )
+    comparisons = [_compare_axis(rs, axis, axes, run_ids, base) for axis in chosen]
+    return ComparisonSet(comparisons, axes, varied, fixed, ignored, left_out, notes)
+
+
+def _axis_for_key(key: str, axes: list[Axis], varied: dict[str, list[Any]], fixed: dict[str, Any]) -> Axis:
+    for axis in axes:
+        if key in axis.keys:
+            return Axis(key, (key, *(k for k in axis.keys if k != key)))
+    if key in varied:  # bookkeeping key the user asked for anyway (e.g. train.device)
+        return Axis(key, (key,))
+    available = ", ".join(k for ax in axes for k in ax.keys) or "none"
+    if key in fixed:
+        raise AnalysisError(
+            f"--by {key}: does not vary (every run has {fmt_value(fixed[key])}); keys that vary: {available}"
+        )
+    raise AnalysisError(f"--by {key}: unknown config key; keys that vary: {available}")
+
+
+def _other_axes(axis: Axis, axes: list[Axis]) -> list[Axis]:
+    return [a for a in axes if not set(a.keys) & set(axis.keys)]
+
+
+def _context(cfg: dict[str, Any], others: list[Axis]) -> str:
+    return ", ".join(f"{a.name}={fmt_value(cfg[a.name])}" for a in others) or ALL_RUNS
+
+
+def _has_contrast(axis: Axis, axes: list[Axis], run_ids: list[str], rs: RunSet) -> bool:
+    others = _other_axes(axis, axes)
+    seen: dict[str, set[Any]] = {}
+    for r in run_ids:
+        seen.setdefault(_context(rs.configs[r], others), set()).add(rs.configs[r][axis.name])
+    return any(len(v) > 1 for v in seen.values())
+
+
+def _compare_axis(
+    rs: RunSet, axis: Axis, axes: list[Axis], run_ids: list[str], base: tuple[str, str] | None
+) -> Comparison:
+    others = _other_axes(axis, axes)
+    arm_values = _sorted_values(rs.configs[r][axis.name] for r in run_ids)
+    arms = [fmt_value(v) for v in arm_values]
+    baseline = arms[0]
+    if base is not None and base[0] in axis.keys:
+        key, text = base
+        hits = _sorted_values(rs.configs[r][axis.name] for r in run_ids if _matches(rs.configs[r][key], text))
+        if not hits:
+            shown = ", ".join(_sorted_values(fmt_value(rs.configs[r][key]) for r in run_ids))
+            raise AnalysisError(f"--baseline {key}={text}: no run has that value; values of {key}: {shown}")
+        baseline = fmt_value(hits[0])
+    assignment = {r: (_context(rs.configs[r], others), fmt_value(rs.configs[r][axis.name])) for r in run_ids}
+    context_order = sorted(
+        {(tuple(_sort_key(rs.configs[r][a.name]) for a in others), assignment[r][0]) for r in run_ids}
+    )
+    contexts = list(dict.fromkeys(label for _, label in context_order))
+    runs = rs.runs.set_index("run_id", drop=False)
+    rows = []
+    for context in contexts:
+        members = {arm: [r for r in run_ids if assignment[r] == (context, arm)] for arm in arms}
+        base_runs = runs.loc[members[baseline]] if members[baseline] else None
+        for arm in arms:
+            if members[arm]:
+                rows.append(_arm_row(axis, context, arm, arm == baseline, runs.loc[members[arm]], base_runs))
+    table = pd.DataFrame(rows)
+    return Comparison(axis, arms, baseline, contexts, table, assignment)
+
+
+def _completed(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df[M.STATUS] == M.STATUS_COMPLETED]
+
+
+def _arm_row(
+    axis: Axis, context: str, arm: str, is_baseline: bool, df: pd.DataFrame, base: pd.DataFrame | None
+) -> dict[str, Any]:
+    done = _completed(df)
+    diverged = df[df[M.STATUS] == M.STATUS_DIVERGED]
+    other = df[~df[M.STATUS].isin([M.STATUS_COMPLETED, M.STATUS_DIVERGED])]
+    row: dict[str, Any] = {
+        "axis": axis.name,
+        "context": context,
+        "arm": arm,
+        "is_baseline": is_baseline,
+        "n_runs": len(df),
+        "n_completed": len(done),
+        "n_diverged": len(diverged),
+        "n_other": len(other),
+    }
+    for metric in AGGREGATED:
+        mean, low, high, n = mean_ci(done[metric].tolist())
+        row.update(
+            {f"{metric}_mean": mean, f"{metric}_ci_low": low, f"{metric}_ci_high": high, f"{metric}_n": n}
+        )
+    for metric in (M.PARAMS_TOTAL, M.PARAMS_NON_EMBEDDING):
+        vals = pd.to_numeric(df[metric], errors="coerce").dropna()
+        row[metric] = (
+            float(vals.median()) if len(vals) else math.nan
+        )  # same model in every seed: any run says
+    delta = low = high = p = ratio = math.nan
+    if base is not None and not is_baseline:
+        base_done = _completed(base)
+        delta, low, high, p = welch(done[M.FINAL_VAL_LOSS].tolist(), base_done[M.FINAL_VAL_LOSS].tolist())
+        base_tps = mean_ci(base_done[M.MEAN_TOKENS_PER_SEC].tolist())[0]
+        if base_tps and np.isfinite(base_tps):
+            ratio = row[f"{M.MEAN_TOKENS_PER_SEC}_mean"] / base_tps
+    row.update(
+        {
+            "delta_final_val_loss": delta,
+            "delta_ci_low": low,
+            "delta_ci_high": high,
+            "p_value": p,
+            "tokens_per_sec_ratio": ratio,
+            "diverged_runs": " ".join(diverged["run_id"]),
+            "other_runs": " ".join(f"{r}({s})" for r, s in zip(other["run_id"], other[M.STATUS])),
+            "run_ids": " ".join(df["run_id"]),
+        }
+    )
+    return row

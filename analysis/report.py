@@ -1,0 +1,444 @@
+"""Build the ablation report: one self-contained HTML file, the same in Markdown, and the tables as CSV.
+
+Usage::
+
+    python -m analysis.report PATH [PATH ...] --out DIR [--by KEY ...] [--baseline KEY=VALUE] [--title T]
+
+The report is assembled once as a list of blocks (headings, paragraphs, tables, figures) and rendered twice,
+so the HTML and Markdown can never disagree. The HTML embeds its figures as base64 PNG and its CSS inline: it
+can be mailed or attached to an issue and still open offline. Every string that comes from a run (config
+values, names, paths, error messages) is escaped, because run names and errors are free text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.compare import ALL_RUNS, Comparison, ComparisonSet, compare_runs, fmt_value
+from analysis.load import AnalysisError, RunSet, load_runs
+from analysis.plots import PlotFigure, comparison_figures
+from lm_ablate import metrics as M
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;
+ padding:0 1em;color:#222;line-height:1.45}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}h3{margin-top:1.5em}
+.scroll{overflow-x:auto}table{border-collapse:collapse;font-size:.85em;margin:.8em 0}
+th,td{border:1px solid #ddd;padding:.3em .55em;text-align:left;vertical-align:top}
+th{background:#f3f3f3}tr:nth-child(even) td{background:#fafafa}td.num{text-align:right;white-space:nowrap}
+figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
+code{background:#f3f3f3;padding:0 .2em}
+"""
+
+
+@dataclass
+class Heading:
+    level: int
+    text: str
+
+
+@dataclass
+class Para:
+    text: str
+
+
+@dataclass
+class Bullets:
+    items: list[str]
+
+
+@dataclass
+class Table:
+    headers: list[str]
+    rows: list[list[str]]
+    numeric: frozenset[int] = frozenset()  # column indexes right-aligned in HTML
+
+
+@dataclass
+class Fig:
+    figure: PlotFigure
+    file_name: str  # the PNG next to report.md
+
+
+@dataclass
+class Details:
+    summary: str
+    blocks: list[Block]
+
+
+Block = Heading | Para | Bullets | Table | Fig | Details
+
+
+# --- number formatting ----------------------------------------------------------------------------------
+def _ok(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def num(x: Any, digits: int = 4) -> str:
+    return f"{x:.{digits}f}" if _ok(x) else "–"
+
+
+def mean_pm(mean: Any, low: Any, high: Any, digits: int = 4, comma: bool = False) -> str:
+    """``mean ± half-width``; the t-interval is symmetric, so the half-width says all of it."""
+    if not _ok(mean):
+        return "–"
+    spec = f",.{digits}f" if comma else f".{digits}f"
+    text = format(mean, spec)
+    return text + (f" ± {format((high - low) / 2, spec)}" if _ok(low) and _ok(high) else "")
+
+
+def count(x: Any) -> str:
+    return f"{int(x):,}" if _ok(x) else "–"
+
+
+def delta_text(row: pd.Series) -> str:
+    if row["is_baseline"]:
+        return "baseline"
+    d, lo, hi = row["delta_final_val_loss"], row["delta_ci_low"], row["delta_ci_high"]
+    if not _ok(d):
+        return "–"
+    return f"{d:+.4f}" + (f" [{lo:+.4f}, {hi:+.4f}]" if _ok(lo) and _ok(hi) else "")
+
+
+def ratio_text(x: Any) -> str:
+    return f"{x:.3f}×" if _ok(x) else "–"
+
+
+def p_text(p: Any) -> str:
+    if not _ok(p):
+        return "–"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+# --- content --------------------------------------------------------------------------------------------
+def _status_counts(rs: RunSet) -> str:
+    counts = rs.runs[M.STATUS].value_counts()
+    return ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
+def _summary_blocks(rs: RunSet, cs: ComparisonSet) -> list[Block]:
+    studies = sorted({str(v) for v in rs.runs.get("study", pd.Series(dtype=object)).dropna()})
+    out: list[Block] = [Heading(2, "Summary")]
+    items = [f"Runs: {len(rs.runs)} ({_status_counts(rs)})."]
+    if studies:
+        items.append("Study: " + ", ".join(studies) + ".")
+    if cs.varied:
+        for axis in cs.varied:
+            values = ", ".join(fmt_value(v) for v in cs.values[axis.name])
+            along = f" (changes together with {', '.join(axis.keys[1:])})" if len(axis.keys) > 1 else ""
+            items.append(f"Varied: {axis.name} = {values}{along}.")
+    else:
+        items.append("Varied: no config key differs between the runs, so there is nothing to compare.")
+    if cs.ignored:
+        items.append(
+            "Also differs, bookkeeping rather than an intervention (not compared): "
+            + "; ".join(f"{k} ({_few(v)})" for k, v in cs.ignored.items())
+            + "."
+        )
+    if cs.left_out:
+        items.append("Left out of comparisons (no readable config): " + ", ".join(cs.left_out) + ".")
+    items += cs.notes
+    out.append(Bullets(items))
+    if cs.fixed:
+        rows = [[key, fmt_value(value)] for key, value in cs.fixed.items()]
+        out.append(Details(f"Held fixed: {len(cs.fixed)} config keys", [Table(["key", "value"], rows)]))
+    return out
+
+
+def _pm(row: pd.Series, metric: str, digits: int = 4, comma: bool = False) -> str:
+    return mean_pm(*(row[f"{metric}_{s}"] for s in ("mean", "ci_low", "ci_high")), digits, comma)
+
+
+def _few(values: list[Any], limit: int = 5) -> str:
+    shown = ", ".join(fmt_value(v) for v in values[:limit])
+    return shown + (f", … {len(values)} values" if len(values) > limit else "")
+
+
+def _comparison_table(comp: Comparison) -> Table:
+    headers = [
+        "context", "arm", "runs", "completed", "diverged", "other", "final val loss (mean ± 95% CI)",
+        "Δ vs baseline [95% CI]", "p (Welch)", "best val loss", "grad-norm spikes", "loss spikes",
+        "tokens/s", "tokens/s ratio", "params (total / non-emb.)",
+    ]  # fmt: skip
+    rows = []
+    for _, r in comp.table.iterrows():
+        rows.append(
+            [
+                r["context"],
+                r["arm"] + (" (baseline)" if r["is_baseline"] else ""),
+                str(r["n_runs"]),
+                str(r["n_completed"]),
+                str(r["n_diverged"]),
+                str(r["n_other"]),
+                _pm(r, M.FINAL_VAL_LOSS),
+                delta_text(r),
+                "" if r["is_baseline"] else p_text(r["p_value"]),
+                _pm(r, M.BEST_VAL_LOSS),
+                _pm(r, M.GRAD_NORM_SPIKES, digits=1),
+                _pm(r, M.LOSS_SPIKES, digits=1),
+                _pm(r, M.MEAN_TOKENS_PER_SEC, digits=0, comma=True),
+                "" if r["is_baseline"] else ratio_text(r["tokens_per_sec_ratio"]),
+                f"{count(r[M.PARAMS_TOTAL])} / {count(r[M.PARAMS_NON_EMBEDDING])}",
+            ]
+        )
+    return Table(headers, rows, frozenset(range(2, len(headers))))
+
+
+def _comparison_blocks(rs: RunSet, comp: Comparison, index: int, smoothing: float) -> list[Block]:
+    axis = comp.axis
+    out: list[Block] = [Heading(2, f"{index}. {axis.name}: " + " vs ".join(comp.arms))]
+    text = f"Arms: values of {axis.name}"
+    if len(axis.keys) > 1:
+        text += f" (which also sets {', '.join(axis.keys[1:])})"
+    text += f"; baseline: {comp.baseline}. "
+    text += (
+        "Compared within each context (the values of the other varied axes)."
+        if comp.contexts != [ALL_RUNS]
+        else "No other axis varies: one context holds all runs."
+    )
+    text += " Means and Δ use completed runs only; diverged and unfinished runs are counted, not averaged."
+    out += [Para(text), _comparison_table(comp)]
+    for fig in comparison_figures(rs, comp, smoothing=smoothing):
+        out.append(Fig(fig, f"fig{index:02d}_{fig.name}.png"))
+    return out
+
+
+def _failed_blocks(rs: RunSet, cs: ComparisonSet) -> list[Block]:
+    out: list[Block] = [Heading(2, "Diverged and failed runs")]
+    bad = rs.runs[rs.runs[M.STATUS] != M.STATUS_COMPLETED]
+    if bad.empty:
+        return out + [Para("None: every run completed.")]
+    rows = [
+        [
+            r["run_id"],
+            cs.run_label(r["run_id"], rs.configs),
+            str(r[M.STATUS]),
+            count(r[M.DIVERGED_AT]),
+            count(r[M.STEPS]),
+            " ".join(str(r[M.ERROR]).split()) if isinstance(r[M.ERROR], str) else "",
+        ]
+        for _, r in bad.iterrows()
+    ]
+    return out + [
+        Table(["run", "arm config", "status", "diverged at step", "steps", "error"], rows, frozenset({3, 4}))
+    ]
+
+
+def _runs_blocks(rs: RunSet, cs: ComparisonSet) -> list[Block]:
+    rows = [
+        [
+            r["run_id"],
+            str(r[M.RUN_NAME]),
+            cs.run_label(r["run_id"], rs.configs),
+            fmt_value(rs.configs.get(r["run_id"], {}).get(M.SEED, r[M.SEED])),
+            str(r[M.STATUS]),
+            num(r[M.FINAL_VAL_LOSS]),
+            num(r[M.BEST_VAL_LOSS]),
+            count(r[M.STEPS]),
+            count(r[M.GRAD_NORM_SPIKES]),
+            count(r[M.LOSS_SPIKES]),
+        ]
+        for _, r in rs.runs.iterrows()
+    ]
+    headers = [
+        "run",
+        "name",
+        "config",
+        "seed",
+        "status",
+        "final val",
+        "best val",
+        "steps",
+        "gn spikes",
+        "loss spikes",
+    ]
+    return [
+        Heading(2, "All runs"),
+        Para(
+            "Final and best validation loss as each run recorded them "
+            "(for unfinished runs: the last evaluation)."
+        ),
+        Table(headers, rows, frozenset(range(5, 10))),
+    ]
+
+
+def _problem_blocks(rs: RunSet) -> list[Block]:
+    out: list[Block] = [Heading(2, "Problems")]
+    return out + (
+        [Bullets(list(rs.problems))] if rs.problems else [Para("None: every run record was readable.")]
+    )
+
+
+HOW_TO_READ = (
+    "Each comparison holds every other varied axis fixed (one context per combination) and reports, per "
+    "arm, the mean over seeds of completed runs with a Student-t 95% confidence interval (n-1 degrees of "
+    "freedom; with one seed there is no interval). Δ vs baseline is the difference of mean final validation "
+    "loss (arm minus baseline; negative is better) with a 95% interval and two-sided p-value from Welch's "
+    "t-test, which does not assume equal variance across arms. With 2-3 seeds these intervals are wide: read "
+    "a Δ whose interval straddles 0 as 'no detectable difference', not as 'equal'. A spike is a step whose "
+    "value exceeds the rolling mean + k·std of the previous window of steps (train.spike.window, "
+    "train.spike.k; see lm_ablate.metrics.SpikeDetector). tokens/s counts the training step only (no "
+    "evaluation); the ratio is arm over baseline in the same context. Diverged runs (a non-finite loss or "
+    "gradient norm) are counted and listed, never averaged."
+)
+
+
+def build_blocks(rs: RunSet, cs: ComparisonSet, title: str, smoothing: float = 0.9) -> list[Block]:
+    blocks: list[Block] = [Heading(1, title)]
+    blocks += _summary_blocks(rs, cs)
+    for i, comp in enumerate(cs.comparisons, 1):
+        blocks += _comparison_blocks(rs, comp, i, smoothing)
+    blocks += _failed_blocks(rs, cs) + _runs_blocks(rs, cs) + _problem_blocks(rs)
+    blocks += [Heading(2, "How to read this"), Para(HOW_TO_READ)]
+    return blocks
+
+
+# --- rendering ------------------------------------------------------------------------------------------
+def _e(s: Any) -> str:
+    return html.escape(str(s), quote=True)
+
+
+def render_html(blocks: list[Block], title: str) -> str:
+    body = "\n".join(_html_block(b) for b in blocks)
+    return (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_e(title)}</title>\n'
+        f"<style>{CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
+    )
+
+
+def _html_block(b: Block) -> str:
+    if isinstance(b, Heading):
+        return f"<h{b.level}>{_e(b.text)}</h{b.level}>"
+    if isinstance(b, Para):
+        return f"<p>{_e(b.text)}</p>"
+    if isinstance(b, Bullets):
+        return "<ul>" + "".join(f"<li>{_e(i)}</li>" for i in b.items) + "</ul>"
+    if isinstance(b, Table):
+        head = "".join(f"<th>{_e(h)}</th>" for h in b.headers)
+        cell = ('<td class="num">', "<td>")
+        rows = "".join(
+            "<tr>" + "".join(f"{cell[i not in b.numeric]}{_e(c)}</td>" for i, c in enumerate(r)) + "</tr>"
+            for r in b.rows
+        )
+        return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>'
+    if isinstance(b, Fig):
+        data = base64.b64encode(b.figure.png).decode("ascii")
+        return (
+            f'<figure><img alt="{_e(b.figure.title)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{_e(b.figure.caption)}</figcaption></figure>"
+        )
+    if isinstance(b, Details):
+        inner = "\n".join(_html_block(x) for x in b.blocks)
+        return f"<details><summary>{_e(b.summary)}</summary>\n{inner}\n</details>"
+    raise TypeError(f"unknown block {type(b).__name__}")
+
+
+def _m(s: Any) -> str:
+    """Markdown cell/text: HTML-escaped (Markdown passes raw HTML through), pipes and stars neutralised."""
+    return _e(" ".join(str(s).split())).replace("|", "\\|").replace("*", "\\*")
+
+
+def render_markdown(blocks: list[Block]) -> str:
+    parts: list[str] = []
+    for b in blocks:
+        parts.append(_md_block(b))
+    return "\n\n".join(parts) + "\n"
+
+
+def _md_block(b: Block) -> str:
+    if isinstance(b, Heading):
+        return "#" * b.level + " " + _m(b.text)
+    if isinstance(b, Para):
+        return _m(b.text)
+    if isinstance(b, Bullets):
+        return "\n".join(f"- {_m(i)}" for i in b.items)
+    if isinstance(b, Table):
+        lines = ["| " + " | ".join(_m(h) for h in b.headers) + " |"]
+        lines.append("|" + "|".join("---:" if i in b.numeric else "---" for i in range(len(b.headers))) + "|")
+        lines += ["| " + " | ".join(_m(c) for c in r) + " |" for r in b.rows]
+        return "\n".join(lines)
+    if isinstance(b, Fig):
+        return f"![{_m(b.figure.title)}]({b.file_name})\n\n_{_m(b.figure.caption)}_"
+    if isinstance(b, Details):
+        return "\n\n".join([f"**{_m(b.summary)}**", *(_md_block(x) for x in b.blocks)])
+    raise TypeError(f"unknown block {type(b).__name__}")
+
+
+def _figures(blocks: list[Block]) -> list[Fig]:
+    out: list[Fig] = []
+    for b in blocks:
+        if isinstance(b, Fig):
+            out.append(b)
+        elif isinstance(b, Details):
+            out += _figures(b.blocks)
+    return out
+
+
+def default_title(rs: RunSet) -> str:
+    studies = sorted({str(v) for v in rs.runs.get("study", pd.Series(dtype=object)).dropna()})
+    return "Ablation report: " + ", ".join(studies) if studies else "Ablation report"
+
+
+def build_report(
+    paths: Sequence[str | Path] | str | Path,
+    out_dir: str | Path,
+    by: Sequence[str] | None = None,
+    baseline: str | None = None,
+    title: str | None = None,
+    smoothing: float = 0.9,
+) -> Path:
+    """Load the runs under ``paths``, compare them and write report.html, report.md (with its PNGs),
+    runs.csv and comparisons.csv into ``out_dir``. Returns the path of report.html.
+
+    ``baseline`` is ``"KEY=VALUE"``. Raises :class:`AnalysisError` (one line) for no runs or a bad key.
+    """
+    rs = load_runs([paths] if isinstance(paths, (str, Path)) else list(paths))
+    cs = compare_runs(rs, by=by, baseline=baseline)
+    title = title or default_title(rs)
+    blocks = build_blocks(rs, cs, title, smoothing)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for fig in _figures(blocks):
+        (out / fig.file_name).write_bytes(fig.figure.png)
+    (out / "report.md").write_text(render_markdown(blocks), encoding="utf-8")
+    rs.runs.to_csv(out / "runs.csv", index=False)
+    cs.table.to_csv(out / "comparisons.csv", index=False)
+    path = out / "report.html"
+    path.write_text(render_html(blocks, title), encoding="utf-8")
+    return path.resolve()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.report",
+        description="Compare lm-ablate runs: tables with 95%% CIs, curves, and a self-contained HTML report.",
+    )
+    parser.add_argument("paths", nargs="+", help="run directories, multirun roots, or folders holding them")
+    parser.add_argument(
+        "--out", required=True, help="directory to write report.html, report.md and CSVs into"
+    )
+    parser.add_argument("--by", action="append", metavar="KEY", help="config key to compare (repeatable)")
+    parser.add_argument("--baseline", metavar="KEY=VALUE", help="baseline arm, e.g. norm.name=layernorm")
+    parser.add_argument("--title", help="report title (default: from the study name)")
+    args = parser.parse_args(argv)
+    try:
+        path = build_report(args.paths, args.out, by=args.by, baseline=args.baseline, title=args.title)
+    except AnalysisError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    print(path)  # last line of stdout, so scripts can take it with `tail -n1`
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""lm-ablate: ablation harness for transformer language models."""

@@ -1,0 +1,241 @@
+"""Structured-config schemas: one flat dataclass per axis, registered in Hydra's ConfigStore.
+
+``conf/train.yaml`` starts its defaults list with ``schema`` (the :class:`Config` below), so every group file
+is merged into a typed node: an unknown key or a wrong type fails at start with Hydra's message naming the
+key. Cross-field rules that types cannot express live in :func:`validate`, which raises :class:`ConfigError`
+with one line naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; its message is one line naming key, value and what is allowed."""
+
+
+def bad(key: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r} is invalid: {allowed}")
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING  # size preset (file name in conf/model/)
+    d_model: int = 128  # residual stream width
+    n_layers: int = 4  # number of blocks
+    n_heads: int = 4  # query heads
+    head_dim: Optional[int] = None  # per-head width; None = d_model // n_heads (must then divide)
+    context: int = 128  # training sequence length (tokens per sample)
+    tie_embeddings: bool = False  # share the token embedding with the output layer (GPT-2, PaLM)
+    init_std: float = 0.02  # std of the normal init of every matrix (GPT-2)
+    scaled_residual_init: bool = True  # output projections of each sublayer use std / sqrt(2 * n_layers) (GPT-2)
+
+
+@dataclass
+class NormConfig:
+    name: str = MISSING  # layernorm | rmsnorm
+    placement: str = "pre"  # where norms sit in the block: pre | post (registry in components/placement.py)
+    eps: float = 1e-5  # added to the variance inside the square root
+    bias: bool = True  # LayerNorm's additive bias (ignored by RMSNorm, which has none)
+    final_norm: Optional[bool] = None  # norm before the LM head; None = what the placement needs (pre: yes, post: no)
+
+
+@dataclass
+class PositionConfig:
+    name: str = MISSING  # rope | learned | sinusoidal | none
+    theta: float = 10000.0  # RoPE base (Su et al. 2021); ignored by the others
+
+
+@dataclass
+class ActivationConfig:
+    name: str = MISSING  # relu | gelu | swiglu
+    d_ff: Optional[int] = None  # hidden width; None = parameter-matched to an ungated 4*d FFN (8d/3 when gated)
+    multiple_of: int = 8  # the derived d_ff is rounded up to a multiple of this (hardware-friendly shapes)
+    bias: bool = False  # biases on the FFN projections
+
+
+@dataclass
+class AttentionConfig:
+    name: str = MISSING  # mha | gqa | mqa
+    n_kv_heads: Optional[int] = None  # key/value heads; None = n_heads (MHA), 1 = MQA, in between = GQA
+    bias: bool = False  # biases on the q/k/v/out projections
+
+
+@dataclass
+class RegularizationConfig:
+    name: str = MISSING  # standard | none | dropout | zloss
+    dropout: float = 0.0  # on embeddings, attention probabilities and each residual branch
+    weight_decay: float = 0.1  # decoupled (AdamW); applied to matrices only unless the flags below say otherwise
+    decay_embeddings: bool = False  # also decay token/position embedding tables
+    decay_norms_and_biases: bool = False  # also decay norm gains and biases (rarely wanted)
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is logged before clipping)
+    z_loss: float = 0.0  # coefficient of mean(log Z)^2 added to the loss (PaLM uses 1e-4)
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING  # shakespeare | hf
+    tokenizer: str = "byte"  # byte (256 symbols, no files) | bpe (trained on the training split, cached)
+    vocab_size: int = 4096  # BPE vocabulary size (byte ignores it)
+    val_works: list[str] = field(default_factory=list)  # shakespeare: works held out for validation
+    path: Optional[str] = None  # hf: hub dataset name, or local .txt/.jsonl/.json/.parquet file(s) or folder
+    hf_config: Optional[str] = None  # hf: dataset configuration name
+    text_field: str = "text"  # hf: column holding the text
+    train_split: str = "train"  # hf: split to train on
+    val_split: Optional[str] = None  # hf: validation split; None = hold out val_fraction of the documents
+    val_fraction: float = 0.05  # hf: share of documents held out when there is no validation split
+    max_docs: Optional[int] = None  # hf: use only the first N documents (quick runs on big sets)
+    cache_dir: str = ".cache/lm_ablate"  # tokenized memmaps and trained tokenizers, keyed by content hash
+
+
+@dataclass
+class OptimConfig:
+    name: str = MISSING  # adamw
+    lr: float = 3e-3  # peak learning rate
+    beta1: float = 0.9
+    beta2: float = 0.95  # 0.95 rather than 0.999 is the usual LM choice (GPT-3, LLaMA)
+    eps: float = 1e-8
+    warmup_steps: int = 0  # linear warmup from 0 to lr; 0 = start at the peak
+    schedule: str = "cosine"  # cosine | constant (after warmup)
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at max_steps
+
+
+@dataclass
+class TrackingConfig:
+    name: str = MISSING  # wandb | none (the local run record is always written)
+    project: str = "lm-ablate"  # W&B project
+    entity: Optional[str] = None  # W&B entity (user or team); None = the default of the logged-in user
+    mode: Optional[str] = None  # online | offline | disabled; None = $WANDB_MODE, else online
+    tags: list[str] = field(default_factory=list)  # extra W&B tags (the axis choices are always added)
+
+
+@dataclass
+class SpikeConfig:
+    window: int = 50  # previous steps the rolling mean/std is taken over (OLMo-core: 128; our runs are short)
+    k: float = 6.0  # a spike exceeds the rolling mean by more than k rolling standard deviations
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 200  # optimizer steps
+    batch_size: int = 16  # sequences per step
+    eval_every: int = 50  # steps between validation passes (and one at the end)
+    eval_batches: int = 8  # batches per validation pass (fixed, seeded, the same for every run)
+    log_every: int = 1  # steps between metric rows
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: Optional[int] = None  # torch intra-op threads on CPU; None = torch's default
+    progress: bool = True  # progress bar with loss and tokens/s
+    divergence: str = "stop"  # stop: a non-finite loss or grad norm ends the run with status diverged
+    spike: SpikeConfig = field(default_factory=SpikeConfig)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    norm: NormConfig = field(default_factory=NormConfig)
+    position: PositionConfig = field(default_factory=PositionConfig)
+    activation: ActivationConfig = field(default_factory=ActivationConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    regularization: RegularizationConfig = field(default_factory=RegularizationConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    seed: int = 0  # seeds init, data order and dropout; the same seed gives the same curve
+    study: str = "default"  # name of the study: W&B group and report title
+    choices: dict[str, Optional[str]] = field(default_factory=dict)  # filled at run time from Hydra
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="schema", node=Config)
+
+
+register_configs()
+
+AXES = ("norm", "position", "activation", "attention", "regularization")
+GROUPS = ("model",) + AXES + ("data", "optim", "tracking")
+
+
+def validate(cfg: DictConfig | Config) -> None:
+    """Cross-field checks that the schema's types cannot express. Raises ConfigError (one line)."""
+    from lm_ablate.registry import PLACEMENTS, REGISTRIES, SCHEDULES, TOKENIZERS, load_all
+
+    load_all()
+    for group, registry in REGISTRIES.items():
+        registry.check(f"{group}.name", cfg[group].name)
+    PLACEMENTS.check("norm.placement", cfg.norm.placement)
+    SCHEDULES.check("optim.schedule", cfg.optim.schedule)
+    TOKENIZERS.check("data.tokenizer", cfg.data.tokenizer)
+    m, a = cfg.model, cfg.attention
+    for key in ("d_model", "n_layers", "n_heads", "context"):
+        if m[key] < 1:
+            raise bad(f"model.{key}", m[key], "must be a positive integer")
+    if m.head_dim is None and m.d_model % m.n_heads:
+        raise bad("model.n_heads", m.n_heads, f"must divide model.d_model={m.d_model} (or set model.head_dim)")
+    if m.head_dim is not None and m.head_dim < 1:
+        raise bad("model.head_dim", m.head_dim, "must be a positive integer or null")
+    if a.n_kv_heads is not None and (a.n_kv_heads < 1 or m.n_heads % a.n_kv_heads):
+        raise bad("attention.n_kv_heads", a.n_kv_heads, f"must be >= 1 and divide model.n_heads={m.n_heads}")
+    if cfg.position.name == "rope" and (m.head_dim or m.d_model // m.n_heads) % 2:
+        raise bad("model.head_dim", m.head_dim or m.d_model // m.n_heads, "must be even for rope")
+    if cfg.norm.eps <= 0:
+        raise bad("norm.eps", cfg.norm.eps, "must be > 0")
+    if cfg.activation.d_ff is not None and cfg.activation.d_ff < 1:
+        raise bad("activation.d_ff", cfg.activation.d_ff, "must be a positive integer or null (auto)")
+    r = cfg.regularization
+    if not 0.0 <= r.dropout < 1.0:
+        raise bad("regularization.dropout", r.dropout, "must be in [0, 1)")
+    for key in ("weight_decay", "grad_clip", "z_loss"):
+        if r[key] < 0:
+            raise bad(f"regularization.{key}", r[key], "must be >= 0")
+    o = cfg.optim
+    if not o.lr > 0:
+        raise bad("optim.lr", o.lr, "must be > 0")
+    if o.warmup_steps < 0:
+        raise bad("optim.warmup_steps", o.warmup_steps, "must be >= 0")
+    if not 0.0 <= o.min_lr_ratio <= 1.0:
+        raise bad("optim.min_lr_ratio", o.min_lr_ratio, "must be in [0, 1]")
+    for key in ("beta1", "beta2"):
+        if not 0.0 <= o[key] < 1.0:
+            raise bad(f"optim.{key}", o[key], "must be in [0, 1)")
+    if cfg.seed < 0:
+        raise bad("seed", cfg.seed, "must be >= 0")
+    t = cfg.train
+    for key in ("max_steps", "batch_size", "eval_every", "eval_batches", "log_every"):
+        if t[key] < 1:
+            raise bad(f"train.{key}", t[key], "must be a positive integer")
+    if t.divergence not in ("stop",):
+        raise bad("train.divergence", t.divergence, "allowed: stop")
+    if t.spike.window < 2 or t.spike.k <= 0:
+        raise bad("train.spike", dict(t.spike), "window must be >= 2 and k > 0")
+    if cfg.tracking.mode not in (None, "online", "offline", "disabled"):
+        raise bad("tracking.mode", cfg.tracking.mode, "allowed: online, offline, disabled, null")
+
+
+def to_container(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "train") -> DictConfig:
+    """The config ``python -m lm_ablate.train <overrides>`` would run, built without starting a run
+    (tests, notebooks, ``python -m lm_ablate.cost``). ``choices`` is filled as in a real run."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
+    choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra") and k != "local"}
+    OmegaConf.set_struct(cfg, False)
+    del cfg["hydra"]
+    cfg.choices = choices
+    OmegaConf.set_struct(cfg, True)
+    return cfg

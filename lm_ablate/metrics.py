@@ -1,0 +1,123 @@
+"""Metric names, the run-record layout, and the metric processors the loop feeds.
+
+Every name that the training loop logs and that ``analysis/`` reads is defined here once. Names are
+'/'-namespaced so W&B groups them into panels (``train/``, ``val/``, ``optim/``, ``perf/``, ``spike/``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+# --- per-step metrics (metrics.jsonl rows and W&B history) --------------------------------------------
+STEP = "step"
+TRAIN_LOSS = "train/loss"  # cross-entropy only, so arms with and without z-loss compare on the same quantity
+TRAIN_Z_LOSS = "train/z_loss"  # coef * mean(log Z)^2, logged when regularization.z_loss > 0
+VAL_LOSS = "val/loss"  # mean cross-entropy over the held-out split (nats/token)
+GRAD_NORM = "optim/grad_norm"  # global L2 norm of the gradient *before* clipping
+LR = "optim/lr"
+TOKENS = "perf/tokens"  # tokens consumed so far (x-axis for equal-token comparisons)
+TOKENS_PER_SEC = "perf/tokens_per_sec"
+STEP_TIME_MS = "perf/step_time_ms"
+SPIKE_GRAD_NORM = "spike/grad_norm"  # 1.0 on a step whose grad norm is a spike, else 0.0
+SPIKE_GRAD_NORM_COUNT = "spike/grad_norm_count"  # running count
+SPIKE_LOSS = "spike/loss"
+SPIKE_LOSS_COUNT = "spike/loss_count"
+
+# --- run record files (in the Hydra output directory of each run) --------------------------------------
+CONFIG_FILE = "config.yaml"  # resolved config, plus `choices` (the option picked in each group)
+METRICS_FILE = "metrics.jsonl"  # one JSON object per logged step: {"step": int, <metric name>: float, ...}
+SUMMARY_FILE = "summary.json"  # written atomically at start, at each eval and at the end
+
+# --- summary.json keys ---------------------------------------------------------------------------------
+STATUS = "status"
+STATUS_RUNNING = "running"
+STATUS_COMPLETED = "completed"
+STATUS_DIVERGED = "diverged"
+STATUS_FAILED = "failed"
+STATUSES = (STATUS_RUNNING, STATUS_COMPLETED, STATUS_DIVERGED, STATUS_FAILED)
+RUN_NAME = "run_name"
+GROUP = "group"
+CHOICES = "choices"  # {group: option} from Hydra's runtime choices
+SEED = "seed"
+FINAL_VAL_LOSS = "final_val_loss"
+BEST_VAL_LOSS = "best_val_loss"
+FINAL_TRAIN_LOSS = "final_train_loss"
+GRAD_NORM_SPIKES = "grad_norm_spikes"
+LOSS_SPIKES = "loss_spikes"
+MEAN_TOKENS_PER_SEC = "mean_tokens_per_sec"
+PARAMS_TOTAL = "params_total"
+PARAMS_NON_EMBEDDING = "params_non_embedding"
+STEPS = "steps"
+TOTAL_TOKENS = "tokens"
+WALL_TIME_S = "wall_time_s"
+DIVERGED_AT = "diverged_at_step"
+ERROR = "error"
+
+
+class SpikeDetector:
+    """Flags values that jump far above their recent history.
+
+    Definition: with the window holding the previous ``window`` values x_{t-W..t-1}, step t is a spike when
+
+        x_t > mean(window) + k * std(window)          (population std)
+
+    and only once the window is full (the first ``window`` steps are never spikes). Every finite value enters
+    the window, spikes included: a lasting shift of level is absorbed after ``window`` steps instead of being
+    flagged forever, at the price that a spike raises the threshold for the spikes right after it.
+    Non-finite values are never spikes here (divergence is handled by the loop) and do not enter the window.
+    OLMo-core uses window 128 and k = 6 for its loss-spike detector; our defaults follow it.
+    """
+
+    def __init__(self, window: int = 128, k: float = 6.0):
+        if window < 2:
+            raise ValueError(f"spike window must be >= 2, got {window}")
+        self.window = window
+        self.k = k
+        self.values: deque[float] = deque(maxlen=window)
+        self.count = 0
+
+    def threshold(self) -> float:
+        if len(self.values) < self.window:
+            return math.inf
+        n = len(self.values)
+        mean = sum(self.values) / n
+        var = sum((v - mean) ** 2 for v in self.values) / n
+        return mean + self.k * math.sqrt(var)
+
+    def update(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        spike = value > self.threshold()
+        self.count += int(spike)
+        self.values.append(value)
+        return spike
+
+    def state_dict(self) -> dict:
+        return {"window": self.window, "k": self.k, "values": list(self.values), "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.window, self.k = int(state["window"]), float(state["k"])
+        self.values = deque((float(v) for v in state["values"]), maxlen=self.window)
+        self.count = int(state["count"])
+
+
+@dataclass
+class ThroughputMeter:
+    """Tokens/s of the training step (forward, backward, optimizer), excluding evaluation and logging."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    per_step: list[float] = field(default_factory=list)
+
+    def update(self, tokens: int, seconds: float) -> float:
+        self.tokens += tokens
+        self.seconds += seconds
+        rate = tokens / max(seconds, 1e-12)
+        self.per_step.append(rate)
+        return rate
+
+    @property
+    def mean_tokens_per_sec(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")

@@ -1,0 +1,34 @@
+"""Test-wide environment: no network, nothing written to the home directory, one token cache per session."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_SANDBOX = Path(tempfile.mkdtemp(prefix="lm_ablate_tests_"))
+# set before anything imports datasets / huggingface_hub / wandb (they read these at import time)
+os.environ.update(
+    {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(_SANDBOX / "hf"),
+        "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled"),
+        "WANDB_DIR": str(_SANDBOX / "wandb"),
+        "WANDB_CACHE_DIR": str(_SANDBOX / "wandb" / "cache"),
+        "WANDB_CONFIG_DIR": str(_SANDBOX / "wandb" / "config"),
+        "WANDB_DATA_DIR": str(_SANDBOX / "wandb" / "data"),
+        "WANDB_SILENT": "true",
+        "MPLBACKEND": "Agg",
+    }
+)
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> str:
+    """Token cache shared by every test run in this session (the corpus is tokenized once)."""
+    path = _SANDBOX / "token_cache"
+    path.mkdir(exist_ok=True)
+    return str(path)
