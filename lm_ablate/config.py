@@ -162,8 +162,19 @@ AXES = ("norm", "position", "activation", "attention", "regularization")
 GROUPS = ("model",) + AXES + ("data", "optim", "tracking")
 
 
+def head_dim(model: ModelConfig) -> int:
+    return model.head_dim or model.d_model // model.n_heads
+
+
+def positive(section: str, node: Any, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        if node[key] < 1:
+            raise bad(f"{section}.{key}", node[key], "must be a positive integer")
+
+
 def validate(cfg: DictConfig | Config) -> None:
-    """Cross-field checks that the schema's types cannot express. Raises ConfigError (one line)."""
+    """Cross-field checks that the schema's types cannot express. Raises ConfigError (one line).
+    One function per group below; each names the keys it rejects."""
     from lm_ablate.registry import PLACEMENTS, REGISTRIES, SCHEDULES, TOKENIZERS, load_all
 
     load_all()
@@ -172,28 +183,56 @@ def validate(cfg: DictConfig | Config) -> None:
     PLACEMENTS.check("norm.placement", cfg.norm.placement)
     SCHEDULES.check("optim.schedule", cfg.optim.schedule)
     TOKENIZERS.check("data.tokenizer", cfg.data.tokenizer)
-    m, a = cfg.model, cfg.attention
-    for key in ("d_model", "n_layers", "n_heads", "context"):
-        if m[key] < 1:
-            raise bad(f"model.{key}", m[key], "must be a positive integer")
+    for check in (_model, _norm, _position, _activation, _attention, _regularization, _optim, _train):
+        check(cfg)
+    if cfg.seed < 0:
+        raise bad("seed", cfg.seed, "must be >= 0")
+    if cfg.tracking.mode not in (None, "online", "offline", "disabled"):
+        raise bad("tracking.mode", cfg.tracking.mode, "allowed: online, offline, disabled, null")
+
+
+def _model(cfg: DictConfig) -> None:
+    m = cfg.model
+    positive("model", m, ("d_model", "n_layers", "n_heads", "context"))
     if m.head_dim is None and m.d_model % m.n_heads:
         raise bad("model.n_heads", m.n_heads, f"must divide model.d_model={m.d_model} (or set model.head_dim)")
     if m.head_dim is not None and m.head_dim < 1:
         raise bad("model.head_dim", m.head_dim, "must be a positive integer or null")
-    if a.n_kv_heads is not None and (a.n_kv_heads < 1 or m.n_heads % a.n_kv_heads):
-        raise bad("attention.n_kv_heads", a.n_kv_heads, f"must be >= 1 and divide model.n_heads={m.n_heads}")
-    if cfg.position.name == "rope" and (m.head_dim or m.d_model // m.n_heads) % 2:
-        raise bad("model.head_dim", m.head_dim or m.d_model // m.n_heads, "must be even for rope")
+
+
+def _norm(cfg: DictConfig) -> None:
     if cfg.norm.eps <= 0:
         raise bad("norm.eps", cfg.norm.eps, "must be > 0")
+
+
+def _position(cfg: DictConfig) -> None:
+    if cfg.position.name == "rope" and head_dim(cfg.model) % 2:
+        raise bad("model.head_dim", head_dim(cfg.model), "must be even for rope")
+
+
+def _activation(cfg: DictConfig) -> None:
     if cfg.activation.d_ff is not None and cfg.activation.d_ff < 1:
         raise bad("activation.d_ff", cfg.activation.d_ff, "must be a positive integer or null (auto)")
+    if cfg.activation.multiple_of < 1:
+        raise bad("activation.multiple_of", cfg.activation.multiple_of, "must be a positive integer")
+
+
+def _attention(cfg: DictConfig) -> None:
+    a, n_heads = cfg.attention, cfg.model.n_heads
+    if a.n_kv_heads is not None and (a.n_kv_heads < 1 or n_heads % a.n_kv_heads):
+        raise bad("attention.n_kv_heads", a.n_kv_heads, f"must be >= 1 and divide model.n_heads={n_heads}")
+
+
+def _regularization(cfg: DictConfig) -> None:
     r = cfg.regularization
     if not 0.0 <= r.dropout < 1.0:
         raise bad("regularization.dropout", r.dropout, "must be in [0, 1)")
     for key in ("weight_decay", "grad_clip", "z_loss"):
         if r[key] < 0:
             raise bad(f"regularization.{key}", r[key], "must be >= 0")
+
+
+def _optim(cfg: DictConfig) -> None:
     o = cfg.optim
     if not o.lr > 0:
         raise bad("optim.lr", o.lr, "must be > 0")
@@ -204,18 +243,15 @@ def validate(cfg: DictConfig | Config) -> None:
     for key in ("beta1", "beta2"):
         if not 0.0 <= o[key] < 1.0:
             raise bad(f"optim.{key}", o[key], "must be in [0, 1)")
-    if cfg.seed < 0:
-        raise bad("seed", cfg.seed, "must be >= 0")
+
+
+def _train(cfg: DictConfig) -> None:
     t = cfg.train
-    for key in ("max_steps", "batch_size", "eval_every", "eval_batches", "log_every"):
-        if t[key] < 1:
-            raise bad(f"train.{key}", t[key], "must be a positive integer")
+    positive("train", t, ("max_steps", "batch_size", "eval_every", "eval_batches", "log_every"))
     if t.divergence not in ("stop",):
         raise bad("train.divergence", t.divergence, "allowed: stop")
     if t.spike.window < 2 or t.spike.k <= 0:
         raise bad("train.spike", dict(t.spike), "window must be >= 2 and k > 0")
-    if cfg.tracking.mode not in (None, "online", "offline", "disabled"):
-        raise bad("tracking.mode", cfg.tracking.mode, "allowed: online, offline, disabled, null")
 
 
 def to_container(cfg: DictConfig) -> dict:

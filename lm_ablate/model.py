@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from lm_ablate.components.placement import build_residual, needs_final_norm
 from lm_ablate.components.position import PositionScheme
-from lm_ablate.config import validate
+from lm_ablate.config import head_dim, validate
 from lm_ablate.registry import ACTIVATIONS, ATTENTIONS, NORMS, POSITIONS
 
 
@@ -92,7 +92,7 @@ def model_cost(model: TransformerLM, cfg: DictConfig) -> ModelCost:
     non_embedding = total - embedding
     matmul = non_embedding + (model.head.weight.numel() if model.head.weight is model.embed.weight else 0)
     m = cfg.model
-    head_dim = m.head_dim or m.d_model // m.n_heads
-    flops = 6 * matmul + 12 * m.n_layers * m.n_heads * head_dim * m.context
+    hd = head_dim(m)
+    flops = 6 * matmul + 12 * m.n_layers * m.n_heads * hd * m.context
     return ModelCost(total, embedding, non_embedding, float(flops))
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lm_ablate.components.position import PositionScheme
-from lm_ablate.config import AttentionConfig, ModelConfig
+from lm_ablate.config import AttentionConfig, ModelConfig, head_dim
 from lm_ablate.registry import ATTENTIONS
 
 
@@ -23,7 +23,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_heads = model.n_heads
         self.n_kv_heads = cfg.n_kv_heads or model.n_heads
-        self.head_dim = model.head_dim or model.d_model // model.n_heads
+        self.head_dim = head_dim(model)
         self.dropout = dropout
         q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.split = (q_dim, kv_dim, kv_dim)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lm_ablate.config import ModelConfig, PositionConfig
+from lm_ablate.config import ModelConfig, PositionConfig, head_dim
 from lm_ablate.registry import POSITIONS
 
 
@@ -77,9 +77,9 @@ class RotaryPosition(PositionScheme):
 
     def __init__(self, cfg: PositionConfig, model: ModelConfig):
         super().__init__()
-        head_dim = model.head_dim or model.d_model // model.n_heads
+        hd = head_dim(model)
         self.theta = cfg.theta
-        inv_freq = cfg.theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        inv_freq = cfg.theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._cache_len = 0
         self._cos = self._sin = torch.empty(0)
