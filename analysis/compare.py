@@ -13,6 +13,8 @@ chances to spike), and a running or killed run is not finished. Such runs are co
 
 from __future__ import annotations
 
+import re
+
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -222,6 +224,11 @@ def _other_axes(axis: Axis, axes: list[Axis]) -> list[Axis]:
     return [a for a in axes if not set(a.keys) & set(axis.keys)]
 
 
+def _launch_order(run_id: str) -> list[tuple[int, Any]]:
+    """Natural order of run ids, so Hydra's job 10 comes after job 9 (not after job 1)."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", run_id) if part]
+
+
 def _context(cfg: dict[str, Any], others: list[Axis]) -> str:
     return ", ".join(f"{a.name}={fmt_value(cfg[a.name])}" for a in others) or ALL_RUNS
 
@@ -240,7 +247,8 @@ def _compare_axis(
     others = _other_axes(axis, axes)
     arm_values = _sorted_values(rs.configs[r][axis.name] for r in run_ids)
     arms = [fmt_value(v) for v in arm_values]
-    baseline = arms[0]
+    # default baseline: the arm of the first run launched (a sweep lists its baseline first: pre,post)
+    baseline = fmt_value(rs.configs[min(run_ids, key=_launch_order)][axis.name])
     if base is not None and base[0] in axis.keys:
         key, text = base
         hits = _sorted_values(rs.configs[r][axis.name] for r in run_ids if _matches(rs.configs[r][key], text))

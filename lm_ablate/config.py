@@ -35,29 +35,42 @@ class ModelConfig:
     tie_embeddings: bool = False  # share the token embedding with the output layer (GPT-2, PaLM)
     init_std: float = 0.02  # std of the normal init of every matrix (GPT-2)
     scaled_residual_init: bool = True  # output projections of each sublayer use std / sqrt(2 * n_layers) (GPT-2)
+    output_init_std: Optional[float] = None  # std of the untied LM head's init; None = init_std, 0 = zero head
+    embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017, Gemma)
+    logit_softcap: Optional[float] = None  # logits -> c * tanh(logits / c) with c this value (Gemma 2); None = off
+    block: str = "serial"  # serial: x + attn, then + ffn | parallel: x + attn(norm x) + ffn(norm x) (GPT-J, PaLM)
+    parallel_norms: int = 1  # parallel block: 1 shared input norm (PaLM, fused input matmul) | 2 (GPT-NeoX)
 
 
 @dataclass
 class NormConfig:
-    name: str = MISSING  # layernorm | rmsnorm
-    placement: str = "pre"  # where norms sit in the block: pre | post (registry in components/placement.py)
+    name: str = MISSING  # layernorm | rmsnorm | none
+    placement: str = "pre"  # pre | post | sandwich | reordered | deepnorm | rezero (components/placement.py)
     eps: float = 1e-5  # added to the variance inside the square root
     bias: bool = True  # LayerNorm's additive bias (ignored by RMSNorm, which has none)
-    final_norm: Optional[bool] = None  # norm before the LM head; None = what the placement needs (pre: yes, post: no)
+    unit_offset: bool = False  # rmsnorm only: gain (1 + w) with w initialised at 0, computed in fp32 (Gemma)
+    final_norm: Optional[bool] = None  # norm before the LM head; None = the placement's default (see placement.py)
+    deepnorm_alpha: Optional[float] = None  # deepnorm residual scale; None = (2 * n_layers)^(1/4) (Wang et al. 2022)
+    deepnorm_beta: Optional[float] = None  # deepnorm init gain of V/out/FFN weights; None = (8 * n_layers)^(-1/4)
 
 
 @dataclass
 class PositionConfig:
-    name: str = MISSING  # rope | learned | sinusoidal | none
-    theta: float = 10000.0  # RoPE base (Su et al. 2021); ignored by the others
+    name: str = MISSING  # none | sinusoidal | learned | rope | alibi | t5
+    theta: float = 10000.0  # rope: base of the angles p * theta^(-2i/r) (Su et al. 2021)
+    fraction: float = 1.0  # rope: rotate only the first r = fraction * head_dim dims of a head (GPT-J/NeoX)
+    layout: str = "half"  # rope pairs: half (i, i + r/2) as HF, NeoX | interleaved (2i, 2i+1) as GPT-J
+    num_buckets: int = 32  # t5: distance buckets, half exact, half log-spaced (Raffel et al. 2020)
+    max_distance: int = 128  # t5: distances from here on share the last bucket
 
 
 @dataclass
 class ActivationConfig:
-    name: str = MISSING  # relu | gelu | swiglu
-    d_ff: Optional[int] = None  # hidden width; None = parameter-matched to an ungated 4*d FFN (8d/3 when gated)
-    multiple_of: int = 8  # the derived d_ff is rounded up to a multiple of this (hardware-friendly shapes)
+    name: str = MISSING  # ungated: relu | gelu | silu | relu2; gated: glu | reglu | geglu | swiglu | bilinear
+    d_ff: Optional[int] = None  # hidden width; None = ungated 4*d, gated 8d/3 (the parameters of the ungated 4*d)
+    multiple_of: int = 8  # the derived gated d_ff is rounded up to a multiple of this (hardware-friendly shapes)
     bias: bool = False  # biases on the FFN projections
+    approximate: str = "none"  # GELU form for gelu | geglu: none (exact erf) | tanh (GPT-2); ignored by the others
 
 
 @dataclass
@@ -65,12 +78,21 @@ class AttentionConfig:
     name: str = MISSING  # mha | gqa | mqa
     n_kv_heads: Optional[int] = None  # key/value heads; None = n_heads (MHA), 1 = MQA, in between = GQA
     bias: bool = False  # biases on the q/k/v/out projections
+    qk_norm: str = "none"  # RMSNorm of q and k before RoPE: none | per_head (Qwen 3) | whole (OLMo 2)
+    qk_norm_eps: float = 1e-6  # eps of the QK-norm RMSNorms (Qwen 3 and OLMo 2 use 1e-6)
+    softcap: Optional[float] = None  # logit cap c: scores -> c * tanh(scores / c) (Gemma 2: 50); None = off
+    scale: Optional[float] = None  # logit scale; None = 1 / sqrt(head_dim)
+    window: Optional[int] = None  # local layers: query i sees keys i - window < j <= i; None = all full
+    global_every: int = 0  # with window: layer l is global iff (l + 1) % global_every == 0; 0 = all local
 
 
 @dataclass
 class RegularizationConfig:
     name: str = MISSING  # standard | none | dropout | zloss
-    dropout: float = 0.0  # on embeddings, attention probabilities and each residual branch
+    dropout: float = 0.0  # default rate of every dropout site below (embeddings, attention probs, residual branches)
+    embedding_dropout: Optional[float] = None  # on the (position-added) embeddings; None = dropout
+    attention_dropout: Optional[float] = None  # on the attention probabilities; None = dropout
+    residual_dropout: Optional[float] = None  # on each sublayer output before it joins the stream; None = dropout
     weight_decay: float = 0.1  # decoupled (AdamW); applied to matrices only unless the flags below say otherwise
     decay_embeddings: bool = False  # also decay token/position embedding tables
     decay_norms_and_biases: bool = False  # also decay norm gains and biases (rarely wanted)
@@ -131,8 +153,12 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: Optional[int] = None  # torch intra-op threads on CPU; None = torch's default
     progress: bool = True  # progress bar with loss and tokens/s
-    divergence: str = "stop"  # stop: a non-finite loss or grad norm ends the run with status diverged
+    divergence: str = "stop"  # non-finite loss or grad norm: stop (status diverged) | skip (drop that update)
+    max_skipped_steps: int = 20  # with divergence=skip: after this many skipped updates the run is diverged
     spike: SpikeConfig = field(default_factory=SpikeConfig)
+    checkpoint_every: int = 100  # steps between checkpoints (one is also written at the end); 0 = only at the end
+    keep_checkpoints: int = 1  # how many of the newest checkpoints to keep
+    resume: str = "auto"  # auto: continue from the run dir's newest checkpoint | never | a checkpoint path
 
 
 @dataclass
@@ -198,16 +224,50 @@ def _model(cfg: DictConfig) -> None:
         raise bad("model.n_heads", m.n_heads, f"must divide model.d_model={m.d_model} (or set model.head_dim)")
     if m.head_dim is not None and m.head_dim < 1:
         raise bad("model.head_dim", m.head_dim, "must be a positive integer or null")
+    from lm_ablate.model import BLOCKS  # blocks live with the model, which imports this module
+
+    BLOCKS.check("model.block", m.block)
+    if m.parallel_norms not in (1, 2):
+        raise bad("model.parallel_norms", m.parallel_norms, "allowed: 1 (one shared norm), 2 (one per sublayer)")
+    placements = BLOCKS.get(m.block).placements
+    if placements is not None and cfg.norm.placement not in placements:
+        got = f"got norm.placement={cfg.norm.placement!r}"
+        raise bad("model.block", m.block, f"needs norm.placement in ({', '.join(placements)}), {got}")
+    if m.logit_softcap is not None and m.logit_softcap <= 0:
+        raise bad("model.logit_softcap", m.logit_softcap, "must be > 0 or null (off)")
+    if m.output_init_std is not None and m.output_init_std < 0:
+        raise bad("model.output_init_std", m.output_init_std, "must be >= 0 or null (= model.init_std)")
+    if m.output_init_std is not None and m.tie_embeddings:
+        raise bad("model.output_init_std", m.output_init_std, "must be null with model.tie_embeddings=true")
 
 
 def _norm(cfg: DictConfig) -> None:
-    if cfg.norm.eps <= 0:
-        raise bad("norm.eps", cfg.norm.eps, "must be > 0")
+    n = cfg.norm
+    if n.eps <= 0:
+        raise bad("norm.eps", n.eps, "must be > 0")
+    for key in ("deepnorm_alpha", "deepnorm_beta"):
+        if n[key] is not None and n[key] <= 0:
+            raise bad(f"norm.{key}", n[key], "must be > 0 or null (the DeepNet formula)")
+    if n.unit_offset and n.name != "rmsnorm":
+        raise bad("norm.unit_offset", n.unit_offset, f"only rmsnorm has a (1 + w) gain, got norm={n.name}")
 
 
 def _position(cfg: DictConfig) -> None:
-    if cfg.position.name == "rope" and head_dim(cfg.model) % 2:
-        raise bad("model.head_dim", head_dim(cfg.model), "must be even for rope")
+    from lm_ablate.components.position import ROPE_LAYOUTS
+
+    p, hd = cfg.position, head_dim(cfg.model)
+    ROPE_LAYOUTS.check("position.layout", p.layout)
+    if not 0 < p.fraction <= 1:
+        raise bad("position.fraction", p.fraction, "must be in (0, 1]")
+    dims = p.fraction * hd  # rotated dims per head: whole pairs, at least one
+    if p.name == "rope" and (abs(dims - round(dims)) > 1e-6 or round(dims) % 2 or round(dims) < 2):
+        key, value = ("model.head_dim", hd) if p.fraction == 1 else ("position.fraction", p.fraction)
+        raise bad(key, value, f"rope rotates fraction * model.head_dim = {dims:g} dims: need even >= 2")
+    if p.num_buckets < 2:
+        raise bad("position.num_buckets", p.num_buckets, "must be >= 2 (the first half are exact distances)")
+    if p.max_distance <= p.num_buckets // 2:
+        exact = p.num_buckets // 2
+        raise bad("position.max_distance", p.max_distance, f"must be > position.num_buckets // 2 = {exact}")
 
 
 def _activation(cfg: DictConfig) -> None:
@@ -215,18 +275,42 @@ def _activation(cfg: DictConfig) -> None:
         raise bad("activation.d_ff", cfg.activation.d_ff, "must be a positive integer or null (auto)")
     if cfg.activation.multiple_of < 1:
         raise bad("activation.multiple_of", cfg.activation.multiple_of, "must be a positive integer")
+    if cfg.activation.approximate not in ("none", "tanh"):
+        raise bad("activation.approximate", cfg.activation.approximate, "allowed: none, tanh")
 
 
 def _attention(cfg: DictConfig) -> None:
+    from lm_ablate.components.attention import QK_NORMS
+
     a, n_heads = cfg.attention, cfg.model.n_heads
     if a.n_kv_heads is not None and (a.n_kv_heads < 1 or n_heads % a.n_kv_heads):
         raise bad("attention.n_kv_heads", a.n_kv_heads, f"must be >= 1 and divide model.n_heads={n_heads}")
+    QK_NORMS.check("attention.qk_norm", a.qk_norm)
+    if not a.qk_norm_eps > 0:
+        raise bad("attention.qk_norm_eps", a.qk_norm_eps, "must be > 0")
+    for key in ("softcap", "scale"):
+        if a[key] is not None and not a[key] > 0:
+            raise bad(f"attention.{key}", a[key], "must be > 0 or null")
+    if a.window is not None and a.window < 1:
+        raise bad("attention.window", a.window, "must be a positive integer or null (full attention)")
+    if a.global_every < 0:
+        raise bad("attention.global_every", a.global_every, "must be >= 0 (0 = every layer local)")
+    n_layers = cfg.model.n_layers
+    if a.window is not None and a.global_every > n_layers:  # asked for global layers, but none would be
+        raise bad(
+            "attention.global_every",
+            a.global_every,
+            f"leaves no global layer among model.n_layers={n_layers}: must be <= {n_layers} (0 = all local)",
+        )
 
 
 def _regularization(cfg: DictConfig) -> None:
     r = cfg.regularization
     if not 0.0 <= r.dropout < 1.0:
         raise bad("regularization.dropout", r.dropout, "must be in [0, 1)")
+    for key in ("embedding_dropout", "attention_dropout", "residual_dropout"):
+        if r[key] is not None and not 0.0 <= r[key] < 1.0:
+            raise bad(f"regularization.{key}", r[key], "must be in [0, 1) or null (= regularization.dropout)")
     for key in ("weight_decay", "grad_clip", "z_loss"):
         if r[key] < 0:
             raise bad(f"regularization.{key}", r[key], "must be >= 0")
@@ -248,8 +332,13 @@ def _optim(cfg: DictConfig) -> None:
 def _train(cfg: DictConfig) -> None:
     t = cfg.train
     positive("train", t, ("max_steps", "batch_size", "eval_every", "eval_batches", "log_every"))
-    if t.divergence not in ("stop",):
-        raise bad("train.divergence", t.divergence, "allowed: stop")
+    if t.divergence not in ("stop", "skip"):
+        raise bad("train.divergence", t.divergence, "allowed: stop, skip")
+    for key in ("checkpoint_every", "max_skipped_steps"):
+        if t[key] < 0:
+            raise bad(f"train.{key}", t[key], "must be >= 0")
+    if t.keep_checkpoints < 1:
+        raise bad("train.keep_checkpoints", t.keep_checkpoints, "must be >= 1")
     if t.spike.window < 2 or t.spike.k <= 0:
         raise bad("train.spike", dict(t.spike), "window must be >= 2 and k > 0")
 

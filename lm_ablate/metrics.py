@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # --- per-step metrics (metrics.jsonl rows and W&B history) --------------------------------------------
 STEP = "step"
@@ -25,6 +25,21 @@ SPIKE_GRAD_NORM_COUNT = "spike/grad_norm_count"  # running count
 SPIKE_LOSS = "spike/loss"
 SPIKE_LOSS_COUNT = "spike/loss_count"
 
+# stability probes (every train.probe_every steps; lm_ablate/probes.py)
+LOGITS_MAX_ABS = "logits/max_abs"  # max |output logit| on the step's batch
+LOGITS_MEAN_LOG_Z = "logits/mean_log_z"  # mean log-partition of the output softmax (what z-loss pushes to 0)
+RESIDUAL_RMS = "residual_rms"  # per layer: RMS of the residual stream after the block
+MAX_ATTN_LOGIT = "max_attn_logit"  # per layer: max pre-softmax attention logit (scaled q.k, before softcap)
+GRAD_NORM_LAYER = "grad_norm"  # per layer: L2 norm of the block's gradient, before clipping
+PARAM_NORM = "param_norm"  # per layer: L2 norm of the block's parameters
+LAYER_PREFIX = "layer/"
+
+
+def layer_metric(layer: int, name: str) -> str:
+    """Per-layer metric name, e.g. ``layer/3/grad_norm``."""
+    return f"{LAYER_PREFIX}{layer}/{name}"
+
+
 # --- run record files (in the Hydra output directory of each run) --------------------------------------
 CONFIG_FILE = "config.yaml"  # resolved config, plus `choices` (the option picked in each group)
 METRICS_FILE = "metrics.jsonl"  # one JSON object per logged step: {"step": int, <metric name>: float, ...}
@@ -36,7 +51,8 @@ STATUS_RUNNING = "running"
 STATUS_COMPLETED = "completed"
 STATUS_DIVERGED = "diverged"
 STATUS_FAILED = "failed"
-STATUSES = (STATUS_RUNNING, STATUS_COMPLETED, STATUS_DIVERGED, STATUS_FAILED)
+STATUS_PREEMPTED = "preempted"  # stopped by SIGTERM/SIGUSR1 after writing a checkpoint; resumes on restart
+STATUSES = (STATUS_RUNNING, STATUS_COMPLETED, STATUS_DIVERGED, STATUS_FAILED, STATUS_PREEMPTED)
 RUN_NAME = "run_name"
 GROUP = "group"
 CHOICES = "choices"  # {group: option} from Hydra's runtime choices
@@ -53,6 +69,8 @@ STEPS = "steps"
 TOTAL_TOKENS = "tokens"
 WALL_TIME_S = "wall_time_s"
 DIVERGED_AT = "diverged_at_step"
+SKIPPED_STEPS = "skipped_steps"  # updates dropped for a non-finite loss/grad norm (train.divergence=skip)
+RESUMED_FROM = "resumed_from_step"  # steps of each resume, in order
 ERROR = "error"
 
 
@@ -109,14 +127,11 @@ class ThroughputMeter:
 
     tokens: int = 0
     seconds: float = 0.0
-    per_step: list[float] = field(default_factory=list)
 
     def update(self, tokens: int, seconds: float) -> float:
         self.tokens += tokens
         self.seconds += seconds
-        rate = tokens / max(seconds, 1e-12)
-        self.per_step.append(rate)
-        return rate
+        return tokens / max(seconds, 1e-12)
 
     @property
     def mean_tokens_per_sec(self) -> float:

@@ -1,13 +1,19 @@
 """Decoder-only transformer assembled from the axis registries.
 
-Nothing here compares option names: each axis builds its component from its own config, and a block only
-asks its two ``Residual`` placements to combine the stream with attention and the FFN.
+    h_0    = drop_emb(pos(s * E[idx]))     s = sqrt(d_model) with model.embed_scale (Vaswani et al. 2017)
+    h_l    = block_l(h_{l-1})              model.block: serial | parallel (registry ``BLOCKS`` below)
+    logits = cap(W_out final_norm(h_L))    cap(z) = c * tanh(z / c), c = model.logit_softcap (Gemma 2)
+
+Nothing here compares option names: each axis builds its component from its own config, a serial block only
+asks its two ``Residual`` placements to combine the stream with attention and the FFN, and the block kind
+comes from ``BLOCKS``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig
@@ -16,21 +22,134 @@ from torch import Tensor, nn
 from lm_ablate.components.placement import build_residual, needs_final_norm
 from lm_ablate.components.position import PositionScheme
 from lm_ablate.config import head_dim, validate
-from lm_ablate.registry import ACTIVATIONS, ATTENTIONS, NORMS, POSITIONS
+from lm_ablate.registry import ACTIVATIONS, ATTENTIONS, NORMS, POSITIONS, Registry
+
+# model.block -> block class; a class's ``placements`` lists the norm.placement values it is defined for
+# (None = all), checked by config validation.
+BLOCKS: Registry = Registry("model.block")
 
 
-class Block(nn.Module):
-    def __init__(self, cfg: DictConfig):
+def site_dropout(reg: Any, site: str) -> float:
+    """The rate of one dropout site (``embedding_dropout`` ...): its own value, or ``dropout`` when null."""
+    rate = getattr(reg, site)
+    return reg.dropout if rate is None else rate
+
+
+def softcap(logits: Tensor, cap: Optional[float]) -> Tensor:
+    """c * tanh(z / c): a smooth clip of the logits to (-c, c) (Gemma 2, Team et al. 2024); None = off."""
+    return logits if cap is None else cap * torch.tanh(logits / cap)
+
+
+def value_path(attn: nn.Module) -> list[Tensor]:
+    """The attention weights DeepNet scales at init: the V rows of the fused qkv (the last split) and the
+    output projection; Q and K keep their init (Wang et al. 2022)."""
+    return [attn.qkv.weight[sum(attn.split[:-1]) :], attn.out.weight]
+
+
+def matrices(module: nn.Module) -> list[Tensor]:
+    return [m.weight for m in module.modules() if isinstance(m, nn.Linear)]
+
+
+def sublayers(cfg: DictConfig, layer: int) -> tuple[nn.Module, nn.Module]:
+    """Attention (with its attention-probability dropout) and FFN of block ``layer``."""
+    p_attn = site_dropout(cfg.regularization, "attention_dropout")
+    attn = ATTENTIONS.build(cfg.attention, cfg.model, dropout=p_attn, layer=layer)
+    return attn, ACTIVATIONS.build(cfg.activation, cfg.model.d_model)
+
+
+@BLOCKS.register("serial")
+class SerialBlock(nn.Module):
+    """x <- residual(x, attn), then x <- residual(x, ffn); the placement (norm.placement) decides the rest."""
+
+    placements = None
+
+    def __init__(self, cfg: DictConfig, layer: int):
         super().__init__()
-        d, p = cfg.model.d_model, cfg.regularization.dropout
-        self.attn = ATTENTIONS.build(cfg.attention, cfg.model, dropout=p)
-        self.ffn = ACTIVATIONS.build(cfg.activation, d)
-        self.attn_residual = build_residual(cfg.norm, d, p)
-        self.ffn_residual = build_residual(cfg.norm, d, p)
+        m, p = cfg.model, site_dropout(cfg.regularization, "residual_dropout")
+        self.attn, self.ffn = sublayers(cfg, layer)
+        self.attn_residual = build_residual(cfg.norm, m.d_model, p, m.n_layers)
+        self.ffn_residual = build_residual(cfg.norm, m.d_model, p, m.n_layers)
+
+    def init_branches(self) -> None:
+        self.attn_residual.init_branch(value_path(self.attn))
+        self.ffn_residual.init_branch(matrices(self.ffn))
 
     def forward(self, x: Tensor, position: PositionScheme) -> Tensor:
         x = self.attn_residual(x, lambda h: self.attn(h, position))
         return self.ffn_residual(x, self.ffn)
+
+
+class Columns(nn.Module):
+    """Stands in for a sublayer's input projection once a block computes it inside a fused matmul: returns
+    its columns of the fused output plus its own bias (kept here, so fusing adds or drops no parameter)."""
+
+    def __init__(self, start: int, width: int, bias: Optional[nn.Parameter]):
+        super().__init__()
+        self.start, self.width = start, width
+        self.register_parameter("bias", bias)
+
+    def forward(self, h: Tensor) -> Tensor:
+        y = h.narrow(-1, self.start, self.width)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"columns [{self.start}, {self.start + self.width})"
+
+
+def fuse_input_projections(d_model: int, *sublayers: nn.Module) -> nn.Linear:
+    """One Linear whose weight is the concatenation of every input projection of ``sublayers`` (their direct
+    Linear children that read the d_model-wide input, i.e. not marked ``is_residual_out``: attention's qkv,
+    the FFN's up or gate_up). Each projection is replaced by its ``Columns``, so a sublayer fed the fused
+    output computes exactly what it computed from the normalized input before."""
+    slots = [
+        (owner, name, linear)
+        for owner in sublayers
+        for name, linear in owner.named_children()
+        if isinstance(linear, nn.Linear)
+        and linear.in_features == d_model
+        and not getattr(linear, "is_residual_out", False)
+    ]
+    fused = nn.Linear(d_model, sum(linear.out_features for *_, linear in slots), bias=False)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([linear.weight for *_, linear in slots]))
+    start = 0
+    for owner, name, linear in slots:
+        setattr(owner, name, Columns(start, linear.out_features, linear.bias))
+        start += linear.out_features
+    return fused
+
+
+@BLOCKS.register("parallel")
+class ParallelBlock(nn.Module):
+    """Attention and FFN read the same stream and are added together (GPT-J, Wang & Komatsuzaki 2021; PaLM):
+
+        parallel_norms=1:  x + drop(attn(norm(x))) + drop(ffn(norm(x)))
+        parallel_norms=2:  x + drop(attn(norm1(x))) + drop(ffn(norm2(x)))     (GPT-NeoX use_parallel_residual)
+
+    With one shared norm both sublayers read the same h, so their input projections are ONE matmul: the block
+    owns ``fused`` (weight = [W_qkv; W_ffn_in]) and each sublayer picks its columns (``Columns``). Defined for
+    pre-norm only: post-style placements normalize the sum of the stream and a branch, which a parallel
+    block does not have; validation rejects other ``norm.placement`` values."""
+
+    placements = ("pre",)
+
+    def __init__(self, cfg: DictConfig, layer: int):
+        super().__init__()
+        m = cfg.model
+        self.attn, self.ffn = sublayers(cfg, layer)
+        self.norm = NORMS.build(cfg.norm, m.d_model)
+        self.ffn_norm = NORMS.build(cfg.norm, m.d_model) if m.parallel_norms == 2 else None
+        self.fused = fuse_input_projections(m.d_model, self.attn, self.ffn) if self.ffn_norm is None else None
+        self.drop = nn.Dropout(site_dropout(cfg.regularization, "residual_dropout"))
+
+    def init_branches(self) -> None:
+        """Pre-norm prescribes no branch init beyond the model's own."""
+
+    def forward(self, x: Tensor, position: PositionScheme) -> Tensor:
+        if self.fused is None:
+            return x + self.drop(self.attn(self.norm(x), position)) + self.drop(self.ffn(self.ffn_norm(x)))
+        h = self.fused(self.norm(x))  # [B, T, qkv + ffn input]: both input projections in one matmul
+        return x + self.drop(self.attn(h, position)) + self.drop(self.ffn(h))
 
 
 class TransformerLM(nn.Module):
@@ -40,33 +159,42 @@ class TransformerLM(nn.Module):
         m = cfg.model
         self.vocab_size, self.context = vocab_size, m.context
         self.embed = nn.Embedding(vocab_size, m.d_model)
+        self.embed_scale = math.sqrt(m.d_model) if m.embed_scale else 1.0
         self.position = POSITIONS.build(cfg.position, m)
-        self.embed_drop = nn.Dropout(cfg.regularization.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(m.n_layers))
+        self.embed_drop = nn.Dropout(site_dropout(cfg.regularization, "embedding_dropout"))
+        self.blocks = nn.ModuleList(BLOCKS.get(m.block)(cfg, layer) for layer in range(m.n_layers))
         self.final_norm = NORMS.build(cfg.norm, m.d_model) if needs_final_norm(cfg.norm) else nn.Identity()
         self.head = nn.Linear(m.d_model, vocab_size, bias=False)
-        self.init_weights(m.init_std, m.n_layers if m.scaled_residual_init else None)
+        self.logit_softcap = m.logit_softcap
+        self.init_weights(m.init_std, m.n_layers if m.scaled_residual_init else None, m.output_init_std)
         if m.tie_embeddings:
             self.head.weight = self.embed.weight
 
-    def init_weights(self, std: float, n_layers: int | None) -> None:
-        """N(0, std) for every matrix and embedding, zero biases, norms at their identity (w=1, b=0).
-        With ``n_layers``, sublayer output projections get std / sqrt(2 * n_layers) (GPT-2, Radford et al. 2019)."""
+    @torch.no_grad()
+    def init_weights(self, std: float, n_layers: int | None, output_std: float | None = None) -> None:
+        """N(0, std) for every matrix and embedding, zero biases, norms at their identity (as built).
+        With ``n_layers``, sublayer output projections get std / sqrt(2 * n_layers) (GPT-2, Radford et al. 2019).
+        ``output_std`` re-initialises the LM head (0 = a zero head: uniform predictions at step 0). Last, each
+        block's placements apply their own branch init (DeepNorm's beta)."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 scale = 1 / math.sqrt(2 * n_layers) if n_layers and getattr(module, "is_residual_out", False) else 1
                 nn.init.normal_(module.weight, std=std * scale)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=std)
+            if isinstance(module, (nn.Linear, Columns)) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        if output_std is not None:
+            nn.init.normal_(self.head.weight, std=output_std)
+        for block in self.blocks:
+            block.init_branches()
 
     def forward(self, idx: Tensor) -> Tensor:
         """Token ids [B, T] -> logits [B, T, vocab] (fp32 under autocast too, so the loss is stable)."""
-        x = self.embed_drop(self.position.embed(self.embed(idx)))
+        x = self.embed_drop(self.position.embed(self.embed(idx) * self.embed_scale))
         for block in self.blocks:
             x = block(x, self.position)
-        return self.head(self.final_norm(x)).float()
+        return softcap(self.head(self.final_norm(x)).float(), self.logit_softcap)
 
 
 @dataclass(frozen=True)
@@ -85,7 +213,10 @@ def model_cost(model: TransformerLM, cfg: DictConfig) -> ModelCost:
     N_matmul is every parameter used in a matrix multiply: the non-embedding parameters plus, when the
     output layer is tied, the shared vocab x d matrix (the embedding lookup itself is free). The second term
     is the attention-score and value matmuls (forward + backward, full causal window counted as in PaLM).
-    Norm gains and biases are counted in N; their cost is negligible and the convention keeps N simple.
+    Norm gains, biases and ReZero's scalars are counted in N; their cost is negligible and the convention
+    keeps N simple. Every block variant is covered by counting parameters: a parallel block's fused input
+    matmul holds exactly the qkv and FFN-input weights of the unfused one (one norm fewer with a shared norm),
+    placements only add or remove norms, and the embedding scale and logit softcap are elementwise (free).
     """
     total = sum(p.numel() for p in model.parameters())
     embedding = model.embed.weight.numel() + model.position.embedding_params
@@ -95,4 +226,3 @@ def model_cost(model: TransformerLM, cfg: DictConfig) -> ModelCost:
     hd = head_dim(m)
     flops = 6 * matmul + 12 * m.n_layers * m.n_heads * hd * m.context
     return ModelCost(total, embedding, non_embedding, float(flops))
-

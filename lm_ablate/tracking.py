@@ -27,6 +27,7 @@ class RunInfo:
     group: str  # the study: W&B group, report title
     tags: list[str]  # "<group>=<option>" for each axis
     config: dict = field(default_factory=dict)  # resolved, nested
+    resume_id: str | None = None  # W&B run id of the interrupted run this one continues
 
 
 class Tracker:
@@ -135,6 +136,8 @@ class WandbTracker(Tracker):
             config=info.config,
             dir=str(info.run_dir),
             mode=mode,
+            id=info.resume_id,
+            resume="allow" if info.resume_id else None,
             settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, save_code=False),
         )
         return {"wandb_id": self.run.id, "wandb_mode": mode}

@@ -1,17 +1,20 @@
 """The training loop: ``python -m lm_ablate.train [overrides]`` (a Hydra app; ``--multirun`` sweeps).
 
-One function, :func:`train`, read top to bottom: data, model, optimizer, trackers; then for each step
-batch -> forward -> loss (+ z-loss) -> backward -> clip -> step -> metrics -> eval. Every option it uses
-was built by its axis registry; the loop never looks at option names.
+One function, :func:`train`, read top to bottom: data, model, optimizer, trackers, resume; then for each step
+batch -> forward -> loss (+ z-loss) -> backward -> clip -> step -> metrics -> eval -> checkpoint. Every option
+it uses was built by its axis registry; the loop never looks at option names.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import signal
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +23,18 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lm_ablate import checkpoint as ckpt
 from lm_ablate import metrics as M
 from lm_ablate.config import AXES, CONF_DIR, ConfigError, to_container, validate
 from lm_ablate.data import check_length, get_batch, load_data, val_batches
 from lm_ablate.model import TransformerLM, model_cost
 from lm_ablate.optim import build_schedule
 from lm_ablate.registry import OPTIMIZERS, REGULARIZERS, TRACKERS
-from lm_ablate.tracking import LocalRecord, RunInfo, Trackers
+from lm_ablate.tracking import LocalRecord, RunInfo, Trackers, atomic_write_text
 
 # overrides that do not change what is trained: left out of run names
-_BOOKKEEPING = ("tracking", "train.progress", "train.device", "train.threads", "data.cache_dir", "hydra")
+_BOOKKEEPING = ("tracking", "train.progress", "train.device", "train.threads", "train.resume", "data.cache_dir", "hydra")
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -75,16 +80,104 @@ def evaluate(model: torch.nn.Module, batches: list, autocast) -> float:
     return total / len(batches)
 
 
+@dataclass
+class Progress:
+    """What the loop has accumulated; saved in checkpoints so a resumed run continues the same sums."""
+
+    step: int = 0
+    val_losses: list[float] = field(default_factory=list)
+    recent_losses: list[float] = field(default_factory=list)  # the last 10 train losses (final_train_loss)
+    skipped: int = 0
+    wall_time_s: float = 0.0  # summed over all sessions of the run
+    resumed_from: list[int] = field(default_factory=list)
+
+
+class Preemption:
+    """SIGTERM/SIGUSR1 (SLURM preemption or time limit) only set a flag: the loop finishes the step, writes a
+    checkpoint and stops; then the signal is re-raised with the previous handler so the scheduler (or
+    submitit) sees the job end as it expects and can requeue it. The requeued job resumes automatically."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "Preemption":
+        for sig in PREEMPT_SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. a launcher running jobs in threads): no handler
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def pass_on(self) -> None:
+        """Deliver the signal we held back to the handler that was there before us."""
+        if self.signum is not None:
+            signal.raise_signal(self.signum)
+
+
+def _trim_metrics(run_dir: Path, last_step: int) -> None:
+    """Drop rows logged after the checkpoint we resume from (they will be logged again, identically) and a
+    torn last line, so metrics.jsonl ends up with every step exactly once."""
+    path = run_dir / M.METRICS_FILE
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get(M.STEP), int) and row[M.STEP] <= last_step:
+            kept.append(line)
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def _start_over_or_refuse(run_dir: Path) -> None:
+    """No checkpoint to resume from. A finished run (completed/diverged) in the directory is never overwritten;
+    a run killed before its first checkpoint starts over (its partial rows would be logged again, identically)."""
+    summary = run_dir / M.SUMMARY_FILE
+    status = None
+    if summary.exists():
+        try:
+            status = json.loads(summary.read_text()).get(M.STATUS)
+        except (OSError, ValueError):
+            status = "unreadable"
+    if status in (M.STATUS_COMPLETED, M.STATUS_DIVERGED, "unreadable"):
+        raise ckpt.CheckpointError(
+            f"hydra.run.dir={str(run_dir)!r} is invalid: it already holds a finished run (status {status}) and no "
+            "checkpoint to resume from; use a new run directory"
+        )
+    _trim_metrics(run_dir, -1)
+
+
 def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict[str, Any]:
-    """Train one run and write its record into ``run_dir``. Returns the summary."""
+    """Train one run (or continue it from its checkpoint) and write its record into ``run_dir``."""
     validate(cfg)
-    started = time.perf_counter()
+    session_start = time.perf_counter()
     run_dir = Path(run_dir)
     t = cfg.train
     device = resolve_device(t.device)
     if t.threads:
         torch.set_num_threads(t.threads)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else nullcontext
+    config = to_container(cfg)
+
+    resume_from = ckpt.find_resume(run_dir, t.resume)
+    saved = ckpt.load(resume_from) if resume_from else None
+    if saved is not None:
+        diff = ckpt.config_differences(saved["config"], config)
+        if diff:
+            shown = ", ".join(f"{k}: {ckpt.flat_config(saved['config']).get(k)!r} -> {ckpt.flat_config(config).get(k)!r}" for k in diff[:3])
+            raise ckpt.CheckpointError(f"train.resume={str(resume_from)!r} is invalid: the checkpoint is of another config ({shown})")
+    else:
+        _start_over_or_refuse(run_dir)
 
     data = load_data(cfg.data)
     check_length(data, cfg.model.context)
@@ -96,12 +189,14 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
     lr_at = build_schedule(cfg.optim, t.max_steps)
     val = [(x.to(device), y.to(device)) for x, y in val_batches(data.val, t.batch_size, cfg.model.context, t.eval_batches)]
 
-    tracker = Trackers(LocalRecord(run_dir), TRACKERS.build(cfg.tracking))
-    info = RunInfo(run_dir, name or run_name(cfg), cfg.study, run_tags(cfg), to_container(cfg))
+    grad_spikes = M.SpikeDetector(t.spike.window, t.spike.k)
+    loss_spikes = M.SpikeDetector(t.spike.window, t.spike.k)
+    meter = M.ThroughputMeter()
+    progress = Progress()
     summary: dict[str, Any] = {
         M.STATUS: M.STATUS_RUNNING,
-        M.RUN_NAME: info.name,
-        M.GROUP: info.group,
+        M.RUN_NAME: name or run_name(cfg),
+        M.GROUP: cfg.study,
         M.CHOICES: dict(cfg.choices),
         M.SEED: cfg.seed,
         M.PARAMS_TOTAL: cost.params_total,
@@ -110,105 +205,148 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
         M.DIVERGED_AT: None,
         M.ERROR: None,
     }
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        grad_spikes.load_state_dict(saved["grad_spikes"])
+        loss_spikes.load_state_dict(saved["loss_spikes"])
+        meter = M.ThroughputMeter(**saved["meter"])
+        progress = Progress(**saved["progress"])
+        progress.resumed_from.append(progress.step)
+        summary = {**saved["summary"], **{k: v for k, v in summary.items() if k in (M.RUN_NAME,)}}
+        summary[M.STATUS] = M.STATUS_RUNNING
+        _trim_metrics(run_dir, progress.step)
+        ckpt.set_rng_state(saved["rng"])
+
+    tracker = Trackers(LocalRecord(run_dir), TRACKERS.build(cfg.tracking))
+    info = RunInfo(run_dir, summary[M.RUN_NAME], cfg.study, run_tags(cfg), config, resume_id=summary.get("wandb_id"))
     summary.update(tracker.start(info))
+    summary[M.RESUMED_FROM] = progress.resumed_from
     tracker.summary(summary)
 
-    grad_spikes = M.SpikeDetector(t.spike.window, t.spike.k)
-    loss_spikes = M.SpikeDetector(t.spike.window, t.spike.k)
-    meter = M.ThroughputMeter()
+    wall_before = progress.wall_time_s
     tokens_per_step = t.batch_size * cfg.model.context
-    val_losses: list[float] = []
-    recent_losses: list[float] = []
-    status, step = M.STATUS_RUNNING, 0
-    bar = _progress(t, info.name)
-    try:
-        val_losses.append(evaluate(model, val, autocast))
-        tracker.log({M.VAL_LOSS: val_losses[-1], M.TOKENS: 0}, step=0)  # the loss at initialization
-        for step in range(1, t.max_steps + 1):
-            x, y = (b.to(device, non_blocking=True) for b in get_batch(data.train, t.batch_size, cfg.model.context, cfg.seed, step))
-            lr = cfg.optim.lr * lr_at(step - 1)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
 
-            tic = time.perf_counter()
-            with autocast():
-                logits = model(x)
-            loss, ce, z = regularizer.loss(logits, y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), regularizer.grad_clip or math.inf)
-            ce_value, norm_value = ce.item(), grad_norm.item()
-            finite = math.isfinite(ce_value) and math.isfinite(norm_value)
-            if finite:
-                optimizer.step()
-            seconds = time.perf_counter() - tic
-
-            row = {
-                M.TRAIN_LOSS: ce_value,
-                M.GRAD_NORM: norm_value,
-                M.LR: lr,
-                M.TOKENS: step * tokens_per_step,
-                M.TOKENS_PER_SEC: meter.update(tokens_per_step, seconds),
-                M.STEP_TIME_MS: 1000 * seconds,
-                M.SPIKE_GRAD_NORM: float(grad_spikes.update(norm_value)),
-                M.SPIKE_GRAD_NORM_COUNT: grad_spikes.count,
-                M.SPIKE_LOSS: float(loss_spikes.update(ce_value)),
-                M.SPIKE_LOSS_COUNT: loss_spikes.count,
+    def snapshot() -> dict[str, Any]:
+        progress.wall_time_s = wall_before + time.perf_counter() - session_start
+        summary.update(
+            {
+                M.FINAL_VAL_LOSS: progress.val_losses[-1] if progress.val_losses else None,
+                M.BEST_VAL_LOSS: min((v for v in progress.val_losses if math.isfinite(v)), default=None),
+                M.FINAL_TRAIN_LOSS: float(np.mean(progress.recent_losses)) if progress.recent_losses else None,
+                M.GRAD_NORM_SPIKES: grad_spikes.count,
+                M.LOSS_SPIKES: loss_spikes.count,
+                M.SKIPPED_STEPS: progress.skipped,
+                M.MEAN_TOKENS_PER_SEC: meter.mean_tokens_per_sec if meter.seconds else None,
+                M.STEPS: progress.step,
+                M.TOTAL_TOKENS: progress.step * tokens_per_step,
+                M.WALL_TIME_S: progress.wall_time_s,
             }
-            if cfg.regularization.z_loss:
-                row[M.TRAIN_Z_LOSS] = z.item()
-            recent_losses = (recent_losses + [ce_value])[-10:]
-            if not finite:
-                status = M.STATUS_DIVERGED
-                summary[M.DIVERGED_AT] = step
-                tracker.log(row, step)
-                break
-            if step % t.eval_every == 0 or step == t.max_steps:
-                val_losses.append(evaluate(model, val, autocast))
-                row[M.VAL_LOSS] = val_losses[-1]
-            if step % t.log_every == 0 or M.VAL_LOSS in row:
-                tracker.log(row, step)
-            if M.VAL_LOSS in row:
-                tracker.summary(_progress_summary(summary, val_losses, grad_spikes, loss_spikes, meter, step, started))
-            bar.update(1)
-            bar.set_postfix(loss=f"{ce_value:.3f}", tok_s=f"{row[M.TOKENS_PER_SEC]:.0f}", refresh=False)
-        else:
-            status = M.STATUS_COMPLETED
-    except BaseException as err:  # record the failure, then let it propagate (Ctrl-C included)
-        status = M.STATUS_FAILED
-        summary[M.ERROR] = f"{type(err).__name__}: {err}"
-        raise
-    finally:
-        bar.close()
-        summary.update(_progress_summary(summary, val_losses, grad_spikes, loss_spikes, meter, step, started))
-        summary[M.STATUS] = status
-        summary[M.FINAL_TRAIN_LOSS] = float(np.mean(recent_losses)) if recent_losses else None
-        tracker.summary(summary)
-        tracker.finish(status)
-    return summary
+        )
+        return summary
 
-
-def _progress_summary(summary, val_losses, grad_spikes, loss_spikes, meter, step, started) -> dict[str, Any]:
-    finite = [v for v in val_losses if math.isfinite(v)]
-    summary.update(
-        {
-            M.FINAL_VAL_LOSS: val_losses[-1] if val_losses else None,
-            M.BEST_VAL_LOSS: min(finite) if finite else None,
-            M.GRAD_NORM_SPIKES: grad_spikes.count,
-            M.LOSS_SPIKES: loss_spikes.count,
-            M.MEAN_TOKENS_PER_SEC: meter.mean_tokens_per_sec if meter.seconds else None,
-            M.STEPS: step,
-            M.TOTAL_TOKENS: meter.tokens,
-            M.WALL_TIME_S: time.perf_counter() - started,
+    def save_checkpoint() -> None:
+        snapshot()
+        state = {
+            "config": config,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "rng": ckpt.rng_state(),
+            "grad_spikes": grad_spikes.state_dict(),
+            "loss_spikes": loss_spikes.state_dict(),
+            "meter": asdict(meter),
+            "progress": asdict(progress),
+            "summary": dict(summary),
         }
-    )
+        ckpt.save(run_dir, progress.step, state, t.keep_checkpoints)
+
+    status = M.STATUS_RUNNING
+    bar = _progress(t, info.name, progress.step)
+    with Preemption() as preemption:
+        try:
+            if saved is None:
+                progress.val_losses.append(evaluate(model, val, autocast))
+                tracker.log({M.VAL_LOSS: progress.val_losses[-1], M.TOKENS: 0}, step=0)  # the loss at initialization
+            while progress.step < t.max_steps:
+                step = progress.step + 1
+                x, y = (b.to(device, non_blocking=True) for b in get_batch(data.train, t.batch_size, cfg.model.context, cfg.seed, step))
+                lr = cfg.optim.lr * lr_at(step - 1)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+
+                tic = time.perf_counter()
+                with autocast():
+                    logits = model(x)
+                loss, ce, z = regularizer.loss(logits, y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), regularizer.grad_clip or math.inf)
+                ce_value, norm_value = ce.item(), grad_norm.item()
+                finite = math.isfinite(ce_value) and math.isfinite(norm_value)
+                if finite:
+                    optimizer.step()
+                seconds = time.perf_counter() - tic
+                progress.step = step
+
+                row = {
+                    M.TRAIN_LOSS: ce_value,
+                    M.GRAD_NORM: norm_value,
+                    M.LR: lr,
+                    M.TOKENS: step * tokens_per_step,
+                    M.TOKENS_PER_SEC: meter.update(tokens_per_step, seconds),
+                    M.STEP_TIME_MS: 1000 * seconds,
+                    M.SPIKE_GRAD_NORM: float(grad_spikes.update(norm_value)),
+                    M.SPIKE_GRAD_NORM_COUNT: grad_spikes.count,
+                    M.SPIKE_LOSS: float(loss_spikes.update(ce_value)),
+                    M.SPIKE_LOSS_COUNT: loss_spikes.count,
+                }
+                if cfg.regularization.z_loss:
+                    row[M.TRAIN_Z_LOSS] = z.item()
+                if finite:
+                    progress.recent_losses = (progress.recent_losses + [ce_value])[-10:]
+                else:
+                    progress.skipped += 1
+                    row[M.SKIPPED_STEPS] = progress.skipped
+                    if t.divergence == "stop" or progress.skipped > t.max_skipped_steps:
+                        status = M.STATUS_DIVERGED
+                        summary[M.DIVERGED_AT] = step
+                        tracker.log(row, step)
+                        break
+                if step % t.eval_every == 0 or step == t.max_steps:
+                    progress.val_losses.append(evaluate(model, val, autocast))
+                    row[M.VAL_LOSS] = progress.val_losses[-1]
+                if step % t.log_every == 0 or M.VAL_LOSS in row or not finite:
+                    tracker.log(row, step)
+                if M.VAL_LOSS in row:
+                    tracker.summary(snapshot())
+                if step == t.max_steps or (t.checkpoint_every and step % t.checkpoint_every == 0) or preemption.signum:
+                    save_checkpoint()
+                bar.update(1)
+                bar.set_postfix(loss=f"{ce_value:.3f}", tok_s=f"{row[M.TOKENS_PER_SEC]:.0f}", refresh=False)
+                if preemption.signum:
+                    status = M.STATUS_PREEMPTED
+                    break
+            else:
+                status = M.STATUS_COMPLETED
+        except BaseException as err:  # record the failure, then let it propagate (Ctrl-C included)
+            status = M.STATUS_FAILED
+            summary[M.ERROR] = f"{type(err).__name__}: {err}"
+            raise
+        finally:
+            bar.close()
+            snapshot()
+            summary[M.STATUS] = status
+            tracker.summary(summary)
+            tracker.finish(status)
+    preemption.pass_on()
     return summary
 
 
-def _progress(t: DictConfig, name: str):
+def _progress(t: DictConfig, name: str, initial: int):
     from tqdm.auto import tqdm
 
-    return tqdm(total=t.max_steps, desc=name[:60], disable=not t.progress, leave=False, mininterval=1.0, file=sys.stderr)
+    return tqdm(total=t.max_steps, initial=initial, desc=name[:60], disable=not t.progress, leave=False,
+                mininterval=1.0, file=sys.stderr)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")

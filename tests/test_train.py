@@ -96,10 +96,13 @@ def test_grad_norm_is_logged_before_clipping(tmp_path, cache_dir):
 
 
 def test_wandb_offline_run_holds_the_logged_metrics(tmp_path, cache_dir, monkeypatch):
+    import wandb
+
     from analysis.wandb_offline import find_run_files, read_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     run(tmp_path, cache_dir, "tracking=wandb", "norm=rmsnorm", "study=wb_test")
+    wandb.teardown()  # finish() returns before wandb-core has flushed the offline file; teardown waits for it
     files = find_run_files(tmp_path / "run")
     assert len(files) == 1 and str(files[0]).startswith(str(tmp_path / "run" / "wandb"))
     record = read_run(files[0])

@@ -4,46 +4,134 @@
     1 < n_kv_heads < n_heads: GQA (Ainslie et al. 2023), each K/V head shared by n_heads / n_kv_heads queries
     n_kv_heads == 1       : MQA (Shazeer 2019)
 
-softmax(q k^T / sqrt(head_dim) + causal mask) v, computed by ``F.scaled_dot_product_attention``.
+    y = softmax(cap(scale * norm(q) norm(k)^T) + bias + mask) v
+
+  norm   ``qk_norm``: none | per_head (RMSNorm over head_dim, Qwen 3) | whole (RMSNorm over the full q / k
+         projection before the head split, OLMo 2); applied before RoPE, as both do
+  scale  ``scale``, default 1 / sqrt(head_dim)
+  cap    ``softcap`` c: c * tanh(s / c) (Gemma 2); none by default
+  bias   the position scheme's ``score_bias`` (alibi, t5), added after the cap
+  mask   0 where query i may see key j, -inf elsewhere: j <= i, and i - window < j on local layers
+
+Sliding window: with ``window`` set, layer l (0-based) is global (full causal) iff global_every > 0 and
+(l + 1) % global_every == 0, else local. Mistral: global_every=0 (all local); Gemma 2: 2 (local, global, ...);
+Gemma 3: 6 (five local, then one global).
+
+Paths: without a cap the whole thing is one ``F.scaled_dot_product_attention`` call (``is_causal`` when
+there is no bias and no window, else with the float mask bias + mask). A cap sits between the matmul and
+the softmax, which SDPA cannot do, so it runs the same equation written out. Dropout on the attention
+probabilities applies on both paths.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lm_ablate.components.position import PositionScheme
+from lm_ablate.components.position import PositionScheme, relative_distance
 from lm_ablate.config import AttentionConfig, ModelConfig, head_dim
-from lm_ablate.registry import ATTENTIONS
+from lm_ablate.registry import ATTENTIONS, Registry
+
+QK_NORMS: Registry = Registry("attention.qk_norm")  # (width, head_dim, eps) -> module on [B, T, width]
+
+
+@QK_NORMS.register("none")
+def no_qk_norm(width: int, head_dim: int, eps: float) -> nn.Module:
+    return nn.Identity()
+
+
+@QK_NORMS.register("whole")
+def whole_qk_norm(width: int, head_dim: int, eps: float) -> nn.Module:
+    """OLMo 2 (OLMo et al. 2024): one RMSNorm over all heads' dims of the projection at once."""
+    return nn.RMSNorm(width, eps=eps)
+
+
+@QK_NORMS.register("per_head")
+class PerHeadRMSNorm(nn.Module):
+    """Qwen 3 (also Gemma 3): RMSNorm over each head's head_dim dims, one gain vector shared by the heads."""
+
+    def __init__(self, width: int, head_dim: int, eps: float):
+        super().__init__()
+        self.head_dim = head_dim
+        self.norm = nn.RMSNorm(head_dim, eps=eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(x.unflatten(-1, (-1, self.head_dim))).flatten(-2)
+
+
+def layer_window(cfg: AttentionConfig, layer: int) -> int | None:
+    """The sliding window of layer ``layer`` (0-based); None = global (see the module docstring)."""
+    is_global = cfg.global_every > 0 and (layer + 1) % cfg.global_every == 0
+    return None if is_global else cfg.window
 
 
 @ATTENTIONS.register("mha", "gqa", "mqa")
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: AttentionConfig, model: ModelConfig, dropout: float = 0.0):
+    force_explicit = False  # tests: run the written-out path even without a cap, to compare it with SDPA
+
+    def __init__(self, cfg: AttentionConfig, model: ModelConfig, dropout: float = 0.0, layer: int = 0):
         super().__init__()
         self.n_heads = model.n_heads
         self.n_kv_heads = cfg.n_kv_heads or model.n_heads
         self.head_dim = head_dim(model)
         self.dropout = dropout
+        self.scale = cfg.scale if cfg.scale is not None else self.head_dim**-0.5
+        self.softcap = cfg.softcap
+        self.window = layer_window(cfg, layer)
         q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.split = (q_dim, kv_dim, kv_dim)
         self.qkv = nn.Linear(model.d_model, q_dim + 2 * kv_dim, bias=cfg.bias)  # one matmul for q, k and v
+        self.q_norm = QK_NORMS.get(cfg.qk_norm)(q_dim, self.head_dim, cfg.qk_norm_eps)
+        self.k_norm = QK_NORMS.get(cfg.qk_norm)(kv_dim, self.head_dim, cfg.qk_norm_eps)
         self.out = nn.Linear(q_dim, model.d_model, bias=cfg.bias)
         self.out.is_residual_out = True  # scaled init (model.scaled_residual_init)
+
+    @property
+    def explicit(self) -> bool:
+        return self.softcap is not None or self.force_explicit
+
+    def mask(
+        self, n_q: int, n_k: int, bias: Tensor | None, device: torch.device, dtype: torch.dtype
+    ) -> Tensor:
+        """Additive [n_q, n_k] ([H, n_q, n_k] with a bias): the bias where i - window < j <= i, else -inf."""
+        distance = relative_distance(n_q, n_k, device)  # i - j
+        seen = distance >= 0
+        if self.window is not None:
+            seen &= distance < self.window
+        mask = torch.zeros(n_q, n_k, device=device, dtype=dtype).masked_fill(~seen, float("-inf"))
+        return mask if bias is None else bias + mask
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float) -> Tensor:
+        if not self.explicit:
+            return F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                is_causal=mask is None,
+                dropout_p=dropout,
+                scale=self.scale,
+                enable_gqa=self.n_kv_heads != self.n_heads,
+            )
+        group = self.n_heads // self.n_kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = q @ k.transpose(-2, -1) * self.scale
+        if self.softcap is not None:
+            scores = self.softcap * torch.tanh(scores / self.softcap)
+        probs = (scores + mask).float().softmax(dim=-1).to(q.dtype)
+        return F.dropout(probs, dropout) @ v
 
     def forward(self, x: Tensor, position: PositionScheme) -> Tensor:
         B, T, _ = x.shape
         q, k, v = self.qkv(x).split(self.split, dim=-1)
+        q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
         k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = position.rotate(q, k)
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            is_causal=True,
-            dropout_p=self.dropout if self.training else 0.0,
-            enable_gqa=self.n_kv_heads != self.n_heads,
-        )
+        bias = position.score_bias(T, T, x.device, q.dtype)
+        plain_causal = bias is None and self.window is None and not self.explicit
+        mask = None if plain_causal else self.mask(T, T, bias, x.device, q.dtype)
+        y = self.attend(q, k, v, mask, self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, T, -1))

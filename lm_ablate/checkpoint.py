@@ -1,0 +1,135 @@
+"""Checkpoints that make a resumed run bit-identical to an uninterrupted one (on CPU).
+
+A checkpoint holds everything the next step depends on: model and optimizer state, the step (which is also
+the data position: batches are a pure function of (seed, step)), every RNG state (python, numpy, torch CPU
+and CUDA: dropout draws from them), the spike detectors, the throughput meter and the running summary.
+Files are written to a temporary name and renamed, so a kill leaves either the old or the new checkpoint,
+never half of one; the last ``keep`` are kept. Loading uses ``torch.load(weights_only=True)``: a checkpoint
+cannot run code.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lm_ablate.config import ConfigError
+
+FORMAT = 1
+DIR_NAME = "checkpoints"
+_NAME = re.compile(r"^step_(\d{8})\.pt$")
+
+# config sections that may differ between the interrupted and the resumed run (they do not change the math)
+RESUME_MAY_DIFFER = ("tracking", "train.progress", "train.device", "train.threads", "train.resume",
+                     "train.max_steps", "train.checkpoint_every", "train.keep_checkpoints", "data.cache_dir",
+                     "choices.debug", "study")
+
+
+class CheckpointError(ConfigError):
+    """An unusable checkpoint or a resume that would mix two different runs; one line."""
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / DIR_NAME
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    folder = checkpoint_dir(run_dir)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if _NAME.match(p.name))
+
+
+def rng_state() -> dict[str, Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),  # plain types only
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_to_tuple(state["python"]))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _to_tuple(x: Any) -> Any:
+    """weights_only loading turns tuples into lists; the RNG setters want the original tuples back."""
+    return tuple(_to_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def save(run_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+    folder = checkpoint_dir(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step_{step:08d}.pt"
+    tmp = folder / f".{path.name}.tmp{os.getpid()}"
+    torch.save({"format": FORMAT, "step": step, **state}, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load(path: Path) -> dict[str, Any]:
+    """torch.load(weights_only=True): tensors and plain containers only, no code runs."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated file, wrong format, unpickling refused
+        raise CheckpointError(f"train.resume={str(path)!r} is invalid: unreadable checkpoint ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0][:200]})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"train.resume={str(path)!r} is invalid: not an lm-ablate checkpoint of format {FORMAT}")
+    return state
+
+
+def flat_config(cfg: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_config(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+    """Keys whose values differ between two resolved configs, ignoring the keys that may change on resume."""
+    a, b = flat_config(saved), flat_config(current)
+    keys = sorted(set(a) | set(b))
+    return [k for k in keys if a.get(k) != b.get(k) and not k.startswith(RESUME_MAY_DIFFER)]
+
+
+def find_resume(run_dir: Path, resume: str) -> Path | None:
+    """Which checkpoint to continue from: ``auto`` = the newest in the run dir (None if there is none),
+    ``never`` = none, anything else = a checkpoint file or a run directory holding checkpoints."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        found = list_checkpoints(run_dir)
+        return found[-1] if found else None
+    path = Path(resume).expanduser()
+    if path.is_dir():
+        found = list_checkpoints(path)
+        if not found:
+            raise CheckpointError(f"train.resume={resume!r} is invalid: no checkpoint in that directory")
+        return found[-1]
+    if not path.is_file():
+        raise CheckpointError(f"train.resume={resume!r} is invalid: no such file (allowed: auto, never, a checkpoint path)")
+    return path
