@@ -40,6 +40,8 @@ class ModelConfig:
     logit_softcap: Optional[float] = None  # logits -> c * tanh(logits / c) with c this value (Gemma 2); None = off
     block: str = "serial"  # serial: x + attn, then + ffn | parallel: x + attn(norm x) + ffn(norm x) (GPT-J, PaLM)
     parallel_norms: int = 1  # parallel block: 1 shared input norm (PaLM, fused input matmul) | 2 (GPT-NeoX)
+    head_bias: bool = False  # additive bias on the LM head, kept apart from a tied weight (GPT-J's lm_head)
+    embed_norm: bool = False  # a norm of the norm group's type right after the token embedding (BLOOM)
 
 
 @dataclass
@@ -124,8 +126,9 @@ class OptimConfig:
     beta2: float = 0.95  # 0.95 rather than 0.999 is the usual LM choice (GPT-3, LLaMA)
     eps: float = 1e-8
     warmup_steps: int = 0  # linear warmup from 0 to lr; 0 = start at the peak
-    schedule: str = "cosine"  # cosine | constant (after warmup)
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at max_steps
+    schedule: str = "cosine"  # cosine | constant | wsd | inverse_sqrt (after warmup; optim.py)
+    min_lr_ratio: float = 0.1  # cosine and wsd decay to lr * min_lr_ratio at the last step
+    decay_fraction: float = 0.2  # wsd: share of the steps spent decaying at the end (Hägele et al. 2024)
 
 
 @dataclass
@@ -156,6 +159,12 @@ class TrainConfig:
     divergence: str = "stop"  # non-finite loss or grad norm: stop (status diverged) | skip (drop that update)
     max_skipped_steps: int = 20  # with divergence=skip: after this many skipped updates the run is diverged
     spike: SpikeConfig = field(default_factory=SpikeConfig)
+    max_tokens: Optional[int] = None  # also stop after this many tokens (equal-token comparisons)
+    max_time_s: Optional[float] = None  # also stop after this much training time (equal-wall-time comparisons)
+    grad_accum: int = 1  # micro-batches per optimizer step (batch_size is the global batch and must divide)
+    compile: bool = False  # torch.compile the model (probes and checkpoints use the uncompiled module)
+    probe_every: int = 10  # steps between stability probes (per-layer stats, logit growth); 0 = off
+    peak_flops: Optional[float] = None  # FLOP/s that MFU is measured against; None = a short matmul probe
     checkpoint_every: int = 100  # steps between checkpoints (one is also written at the end); 0 = only at the end
     keep_checkpoints: int = 1  # how many of the newest checkpoints to keep
     resume: str = "auto"  # auto: continue from the run dir's newest checkpoint | never | a checkpoint path
@@ -327,6 +336,8 @@ def _optim(cfg: DictConfig) -> None:
     for key in ("beta1", "beta2"):
         if not 0.0 <= o[key] < 1.0:
             raise bad(f"optim.{key}", o[key], "must be in [0, 1)")
+    if not 0.0 < o.decay_fraction <= 1.0:
+        raise bad("optim.decay_fraction", o.decay_fraction, "must be in (0, 1]")
 
 
 def _train(cfg: DictConfig) -> None:
@@ -334,7 +345,13 @@ def _train(cfg: DictConfig) -> None:
     positive("train", t, ("max_steps", "batch_size", "eval_every", "eval_batches", "log_every"))
     if t.divergence not in ("stop", "skip"):
         raise bad("train.divergence", t.divergence, "allowed: stop, skip")
-    for key in ("checkpoint_every", "max_skipped_steps"):
+    positive("train", t, ("grad_accum",))
+    if t.batch_size % t.grad_accum:
+        raise bad("train.grad_accum", t.grad_accum, f"must divide train.batch_size={t.batch_size}")
+    for key in ("max_tokens", "max_time_s", "peak_flops"):
+        if t[key] is not None and t[key] <= 0:
+            raise bad(f"train.{key}", t[key], "must be > 0 or null")
+    for key in ("checkpoint_every", "max_skipped_steps", "probe_every"):
         if t[key] < 0:
             raise bad(f"train.{key}", t[key], "must be >= 0")
     if t.keep_checkpoints < 1:

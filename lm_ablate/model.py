@@ -1,8 +1,10 @@
 """Decoder-only transformer assembled from the axis registries.
 
-    h_0    = drop_emb(pos(s * E[idx]))     s = sqrt(d_model) with model.embed_scale (Vaswani et al. 2017)
-    h_l    = block_l(h_{l-1})              model.block: serial | parallel (registry ``BLOCKS`` below)
-    logits = cap(W_out final_norm(h_L))    cap(z) = c * tanh(z / c), c = model.logit_softcap (Gemma 2)
+    h_0    = drop_emb(pos(en(s * E[idx])))   s = sqrt(d_model) with model.embed_scale (Vaswani et al. 2017)
+                                             en = a norm with model.embed_norm (BLOOM), else the identity
+    h_l    = block_l(h_{l-1})                model.block: serial | parallel (registry ``BLOCKS`` below)
+    logits = cap(W_out final_norm(h_L) + b)  cap(z) = c * tanh(z / c), c = model.logit_softcap (Gemma 2)
+                                             b = a learned bias with model.head_bias (GPT-J), else none
 
 Nothing here compares option names: each axis builds its component from its own config, a serial block only
 asks its two ``Residual`` placements to combine the stream with attention and the FFN, and the block kind
@@ -160,11 +162,13 @@ class TransformerLM(nn.Module):
         self.vocab_size, self.context = vocab_size, m.context
         self.embed = nn.Embedding(vocab_size, m.d_model)
         self.embed_scale = math.sqrt(m.d_model) if m.embed_scale else 1.0
+        # BLOOM's word_embeddings_layernorm: normalizes the token embedding before anything is added to it
+        self.embed_norm = NORMS.build(cfg.norm, m.d_model) if m.embed_norm else nn.Identity()
         self.position = POSITIONS.build(cfg.position, m)
         self.embed_drop = nn.Dropout(site_dropout(cfg.regularization, "embedding_dropout"))
         self.blocks = nn.ModuleList(BLOCKS.get(m.block)(cfg, layer) for layer in range(m.n_layers))
         self.final_norm = NORMS.build(cfg.norm, m.d_model) if needs_final_norm(cfg.norm) else nn.Identity()
-        self.head = nn.Linear(m.d_model, vocab_size, bias=False)
+        self.head = nn.Linear(m.d_model, vocab_size, bias=m.head_bias)  # the bias survives tying (GPT-J)
         self.logit_softcap = m.logit_softcap
         self.init_weights(m.init_std, m.n_layers if m.scaled_residual_init else None, m.output_init_std)
         if m.tie_embeddings:
@@ -191,7 +195,7 @@ class TransformerLM(nn.Module):
 
     def forward(self, idx: Tensor) -> Tensor:
         """Token ids [B, T] -> logits [B, T, vocab] (fp32 under autocast too, so the loss is stable)."""
-        x = self.embed_drop(self.position.embed(self.embed(idx) * self.embed_scale))
+        x = self.embed_drop(self.position.embed(self.embed_norm(self.embed(idx) * self.embed_scale)))
         for block in self.blocks:
             x = block(x, self.position)
         return softcap(self.head(self.final_norm(x)).float(), self.logit_softcap)

@@ -52,5 +52,33 @@ def cosine(cfg: OptimConfig, max_steps: int) -> Schedule:
     return at
 
 
+@SCHEDULES.register("wsd")
+def warmup_stable_decay(cfg: OptimConfig, max_steps: int) -> Schedule:
+    """Warmup, then the peak, then a linear decay to min_lr_ratio over the last decay_fraction of the steps
+    (WSD: Hu et al. 2024, MiniCPM; Hägele et al. 2024). A stable phase makes runs of other lengths branches
+    of one run, so a budget sweep needs no restart."""
+    decay_steps = max(1, round(cfg.decay_fraction * max_steps))
+    decay_start = max_steps - decay_steps
+
+    def at(step: int) -> float:
+        w = _warmup(cfg, step)
+        if w is not None:
+            return w
+        if step < decay_start:
+            return 1.0
+        progress = min(1.0, (step - decay_start + 1) / decay_steps)
+        return 1.0 - (1.0 - cfg.min_lr_ratio) * progress
+
+    return at
+
+
+@SCHEDULES.register("inverse_sqrt")
+def inverse_sqrt(cfg: OptimConfig, max_steps: int) -> Schedule:
+    """The original Transformer's rate (Vaswani et al. 2017, eq. 3) normalised to peak at optim.lr: with
+    s = step + 1 and w = max(1, warmup_steps), multiplier = min(s / w, sqrt(w / s))."""
+    w = max(1, cfg.warmup_steps)
+    return lambda step: min((step + 1) / w, math.sqrt(w / (step + 1)))
+
+
 def build_schedule(cfg: OptimConfig, max_steps: int) -> Schedule:
     return SCHEDULES.get(cfg.schedule)(cfg, max_steps)

@@ -30,7 +30,10 @@ from lm_ablate.data import check_length, get_batch, load_data, val_batches
 from lm_ablate.model import TransformerLM, model_cost
 from lm_ablate.optim import build_schedule
 from lm_ablate.registry import OPTIMIZERS, REGULARIZERS, TRACKERS
-from lm_ablate.tracking import LocalRecord, RunInfo, Trackers, atomic_write_text
+from lm_ablate.distributed import init_distributed
+from lm_ablate.perf import measured_peak_flops, peak_memory_mb
+from lm_ablate.probes import forward_stats, grad_stats
+from lm_ablate.tracking import LocalRecord, RunInfo, Tracker, Trackers, atomic_write_text
 
 # overrides that do not change what is trained: left out of run names
 _BOOKKEEPING = ("tracking", "train.progress", "train.device", "train.threads", "train.resume", "data.cache_dir", "hydra")
@@ -161,13 +164,16 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
     """Train one run (or continue it from its checkpoint) and write its record into ``run_dir``."""
     validate(cfg)
     session_start = time.perf_counter()
-    run_dir = Path(run_dir)
     t = cfg.train
-    device = resolve_device(t.device)
+    dist_env, device = init_distributed(resolve_device(t.device))
+    run_dir = Path(dist_env.broadcast(str(run_dir)))  # under torchrun each rank's Hydra may name its own dir
     if t.threads:
         torch.set_num_threads(t.threads)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else nullcontext
     config = to_container(cfg)
+    if t.batch_size % (dist_env.world * t.grad_accum):
+        raise ConfigError(f"train.batch_size={t.batch_size} is invalid: must be divisible by the number of processes "
+                          f"({dist_env.world}) x train.grad_accum ({t.grad_accum})")
 
     resume_from = ckpt.find_resume(run_dir, t.resume)
     saved = ckpt.load(resume_from) if resume_from else None
@@ -176,7 +182,7 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
         if diff:
             shown = ", ".join(f"{k}: {ckpt.flat_config(saved['config']).get(k)!r} -> {ckpt.flat_config(config).get(k)!r}" for k in diff[:3])
             raise ckpt.CheckpointError(f"train.resume={str(resume_from)!r} is invalid: the checkpoint is of another config ({shown})")
-    else:
+    elif dist_env.main:
         _start_over_or_refuse(run_dir)
 
     data = load_data(cfg.data)
@@ -186,8 +192,12 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
     cost = model_cost(model, cfg)
     regularizer = REGULARIZERS.build(cfg.regularization)
     optimizer = OPTIMIZERS.build(cfg.optim, regularizer.param_groups(model), device)
-    lr_at = build_schedule(cfg.optim, t.max_steps)
+    tokens_per_step = t.batch_size * cfg.model.context  # global, all ranks together
+    horizon = t.max_steps if t.max_tokens is None else min(t.max_steps, math.ceil(t.max_tokens / tokens_per_step))
+    lr_at = build_schedule(cfg.optim, horizon)
     val = [(x.to(device), y.to(device)) for x, y in val_batches(data.val, t.batch_size, cfg.model.context, t.eval_batches)]
+    peak = t.peak_flops or measured_peak_flops(device.type, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    peak *= dist_env.world
 
     grad_spikes = M.SpikeDetector(t.spike.window, t.spike.k)
     loss_spikes = M.SpikeDetector(t.spike.window, t.spike.k)
@@ -202,6 +212,8 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
         M.PARAMS_TOTAL: cost.params_total,
         M.PARAMS_NON_EMBEDDING: cost.params_non_embedding,
         "flops_per_token": cost.flops_per_token,
+        M.PEAK_FLOPS: peak,
+        "world_size": dist_env.world,
         M.DIVERGED_AT: None,
         M.ERROR: None,
     }
@@ -213,22 +225,29 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
         meter = M.ThroughputMeter(**saved["meter"])
         progress = Progress(**saved["progress"])
         progress.resumed_from.append(progress.step)
-        summary = {**saved["summary"], **{k: v for k, v in summary.items() if k in (M.RUN_NAME,)}}
-        summary[M.STATUS] = M.STATUS_RUNNING
-        _trim_metrics(run_dir, progress.step)
+        summary = {**saved["summary"], M.RUN_NAME: summary[M.RUN_NAME]}
+        if dist_env.main:
+            _trim_metrics(run_dir, progress.step)
         ckpt.set_rng_state(saved["rng"])
 
-    tracker = Trackers(LocalRecord(run_dir), TRACKERS.build(cfg.tracking))
+    # what runs the step: DDP when there are several processes, compiled on request; probes, checkpoints and
+    # evaluation use the plain module (same parameters)
+    step_model: torch.nn.Module = model
+    if dist_env.active:
+        step_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    if t.compile:
+        step_model = torch.compile(step_model)
+
+    tracker = Trackers(LocalRecord(run_dir), TRACKERS.build(cfg.tracking)) if dist_env.main else Tracker()
     info = RunInfo(run_dir, summary[M.RUN_NAME], cfg.study, run_tags(cfg), config, resume_id=summary.get("wandb_id"))
     summary.update(tracker.start(info))
     summary[M.RESUMED_FROM] = progress.resumed_from
     tracker.summary(summary)
-
     wall_before = progress.wall_time_s
-    tokens_per_step = t.batch_size * cfg.model.context
 
     def snapshot() -> dict[str, Any]:
         progress.wall_time_s = wall_before + time.perf_counter() - session_start
+        mean_rate = meter.mean_tokens_per_sec if meter.seconds else None
         summary.update(
             {
                 M.FINAL_VAL_LOSS: progress.val_losses[-1] if progress.val_losses else None,
@@ -237,7 +256,8 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
                 M.GRAD_NORM_SPIKES: grad_spikes.count,
                 M.LOSS_SPIKES: loss_spikes.count,
                 M.SKIPPED_STEPS: progress.skipped,
-                M.MEAN_TOKENS_PER_SEC: meter.mean_tokens_per_sec if meter.seconds else None,
+                M.MEAN_TOKENS_PER_SEC: mean_rate,
+                M.MEAN_MFU: cost.flops_per_token * mean_rate / peak if mean_rate else None,
                 M.STEPS: progress.step,
                 M.TOTAL_TOKENS: progress.step * tokens_per_step,
                 M.WALL_TIME_S: progress.wall_time_s,
@@ -246,6 +266,8 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
         return summary
 
     def save_checkpoint() -> None:
+        if not dist_env.main:
+            return
         snapshot()
         state = {
             "config": config,
@@ -260,73 +282,97 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
         }
         ckpt.save(run_dir, progress.step, state, t.keep_checkpoints)
 
-    status = M.STATUS_RUNNING
-    bar = _progress(t, info.name, progress.step)
+    def budget_spent(step: int) -> str | None:
+        if step >= horizon:
+            return "max_tokens" if horizon < t.max_steps else "max_steps"
+        if t.max_time_s is not None and dist_env.any(meter.seconds >= t.max_time_s, device):
+            return "max_time_s"
+        return None
+
+    status, stop_reason = M.STATUS_RUNNING, None
+    bar = _progress(t, info.name, progress.step, dist_env.main)
     with Preemption() as preemption:
         try:
             if saved is None:
                 progress.val_losses.append(evaluate(model, val, autocast))
                 tracker.log({M.VAL_LOSS: progress.val_losses[-1], M.TOKENS: 0}, step=0)  # the loss at initialization
-            while progress.step < t.max_steps:
+            while stop_reason is None:
                 step = progress.step + 1
-                x, y = (b.to(device, non_blocking=True) for b in get_batch(data.train, t.batch_size, cfg.model.context, cfg.seed, step))
+                x, y = get_batch(data.train, t.batch_size, cfg.model.context, cfg.seed, step)
+                x, y = dist_env.shard(x).to(device, non_blocking=True), dist_env.shard(y).to(device, non_blocking=True)
                 lr = cfg.optim.lr * lr_at(step - 1)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
+                probing = dist_env.main and t.probe_every > 0 and step % t.probe_every == 0
+                row: dict[str, float] = forward_stats(model, x, autocast) if probing else {}
 
                 tic = time.perf_counter()
-                with autocast():
-                    logits = model(x)
-                loss, ce, z = regularizer.loss(logits, y)
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                ce_sum, z_sum = torch.zeros((), device=device), torch.zeros((), device=device)
+                micro = list(zip(x.chunk(t.grad_accum), y.chunk(t.grad_accum)))
+                for i, (xm, ym) in enumerate(micro):
+                    last = i == len(micro) - 1
+                    with nullcontext() if last or not dist_env.active else step_model.no_sync():
+                        with autocast():
+                            logits = step_model(xm)
+                        loss, ce, z = regularizer.loss(logits, ym)
+                        (loss / len(micro)).backward()
+                    ce_sum, z_sum = ce_sum + ce.detach(), z_sum + z.detach()
+                if probing:
+                    row.update(grad_stats(model))
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), regularizer.grad_clip or math.inf)
-                ce_value, norm_value = ce.item(), grad_norm.item()
+                ce_value = dist_env.mean(ce_sum / len(micro)).item()
+                norm_value = grad_norm.item()
                 finite = math.isfinite(ce_value) and math.isfinite(norm_value)
                 if finite:
                     optimizer.step()
                 seconds = time.perf_counter() - tic
                 progress.step = step
+                rate = meter.update(tokens_per_step, seconds)
 
-                row = {
+                row.update({
                     M.TRAIN_LOSS: ce_value,
                     M.GRAD_NORM: norm_value,
                     M.LR: lr,
                     M.TOKENS: step * tokens_per_step,
-                    M.TOKENS_PER_SEC: meter.update(tokens_per_step, seconds),
+                    M.TOKENS_PER_SEC: rate,
                     M.STEP_TIME_MS: 1000 * seconds,
+                    M.MFU: cost.flops_per_token * rate / peak,
                     M.SPIKE_GRAD_NORM: float(grad_spikes.update(norm_value)),
                     M.SPIKE_GRAD_NORM_COUNT: grad_spikes.count,
                     M.SPIKE_LOSS: float(loss_spikes.update(ce_value)),
                     M.SPIKE_LOSS_COUNT: loss_spikes.count,
-                }
+                })
                 if cfg.regularization.z_loss:
-                    row[M.TRAIN_Z_LOSS] = z.item()
+                    row[M.TRAIN_Z_LOSS] = dist_env.mean(z_sum / len(micro)).item()
+                if probing:
+                    row[M.PEAK_MEM_MB] = peak_memory_mb(device)
                 if finite:
                     progress.recent_losses = (progress.recent_losses + [ce_value])[-10:]
                 else:
                     progress.skipped += 1
                     row[M.SKIPPED_STEPS] = progress.skipped
                     if t.divergence == "stop" or progress.skipped > t.max_skipped_steps:
-                        status = M.STATUS_DIVERGED
+                        status, stop_reason = M.STATUS_DIVERGED, "diverged"
                         summary[M.DIVERGED_AT] = step
                         tracker.log(row, step)
                         break
-                if step % t.eval_every == 0 or step == t.max_steps:
+                stop_reason = budget_spent(step)
+                if step % t.eval_every == 0 or stop_reason:
                     progress.val_losses.append(evaluate(model, val, autocast))
                     row[M.VAL_LOSS] = progress.val_losses[-1]
-                if step % t.log_every == 0 or M.VAL_LOSS in row or not finite:
+                if step % t.log_every == 0 or M.VAL_LOSS in row or not finite or probing:
                     tracker.log(row, step)
                 if M.VAL_LOSS in row:
                     tracker.summary(snapshot())
-                if step == t.max_steps or (t.checkpoint_every and step % t.checkpoint_every == 0) or preemption.signum:
+                preempted = dist_env.any(preemption.signum is not None, device)
+                if stop_reason or (t.checkpoint_every and step % t.checkpoint_every == 0) or preempted:
                     save_checkpoint()
                 bar.update(1)
-                bar.set_postfix(loss=f"{ce_value:.3f}", tok_s=f"{row[M.TOKENS_PER_SEC]:.0f}", refresh=False)
-                if preemption.signum:
-                    status = M.STATUS_PREEMPTED
-                    break
-            else:
+                bar.set_postfix(loss=f"{ce_value:.3f}", tok_s=f"{rate:.0f}", refresh=False)
+                if preempted and not stop_reason:
+                    status, stop_reason = M.STATUS_PREEMPTED, "preempted"
+            if status == M.STATUS_RUNNING:
                 status = M.STATUS_COMPLETED
         except BaseException as err:  # record the failure, then let it propagate (Ctrl-C included)
             status = M.STATUS_FAILED
@@ -336,16 +382,18 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
             bar.close()
             snapshot()
             summary[M.STATUS] = status
+            summary[M.STOP_REASON] = stop_reason
             tracker.summary(summary)
             tracker.finish(status)
+            dist_env.close()
     preemption.pass_on()
     return summary
 
 
-def _progress(t: DictConfig, name: str, initial: int):
+def _progress(t: DictConfig, name: str, initial: int, main: bool):
     from tqdm.auto import tqdm
 
-    return tqdm(total=t.max_steps, initial=initial, desc=name[:60], disable=not t.progress, leave=False,
+    return tqdm(total=t.max_steps, initial=initial, desc=name[:60], disable=not (t.progress and main), leave=False,
                 mininterval=1.0, file=sys.stderr)
 
 

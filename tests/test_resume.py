@@ -17,7 +17,7 @@ from lm_ablate import metrics as M
 from lm_ablate.checkpoint import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = (M.TOKENS_PER_SEC, M.STEP_TIME_MS)  # wall-clock measurements differ between sessions by nature
+TIMING = (M.TOKENS_PER_SEC, M.STEP_TIME_MS, M.MFU, M.PEAK_MEM_MB)  # measurements of the machine, not the run
 STEPS = 240
 
 

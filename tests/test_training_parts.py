@@ -104,3 +104,22 @@ def test_z_loss_term():
     torch.testing.assert_close(total, ce + z)
     total0, _, z0 = Regularizer(RegularizationConfig(name="standard")).loss(logits, targets)
     assert z0.item() == 0 and torch.equal(total0, ce)
+
+
+def test_wsd_schedule():
+    s = _schedule(schedule="wsd", warmup_steps=5, decay_fraction=0.2, min_lr_ratio=0.0)
+    assert s(0) == pytest.approx(0.2) and s(4) == pytest.approx(1.0)
+    assert all(s(i) == 1.0 for i in range(5, 80))  # stable
+    assert s(80) == pytest.approx(1 - 1 / 20) and s(99) == pytest.approx(0.0)  # linear decay over the last 20
+    assert all(s(i) > s(i + 1) for i in range(80, 99))
+
+
+def test_inverse_sqrt_schedule():
+    s = _schedule(schedule="inverse_sqrt", warmup_steps=10)
+    assert s(9) == pytest.approx(1.0) and s(4) == pytest.approx(0.5)
+    assert s(39) == pytest.approx(math.sqrt(10 / 40))
+    # shape of Vaswani et al. eq. 3: d^-0.5 * min(s^-0.5, s * w^-1.5), up to its constant
+    for step in (0, 3, 9, 20, 77):
+        n = step + 1
+        assert s(step) / min(n**-0.5, n * 10**-1.5) == pytest.approx(10**0.5)
+    assert _schedule(schedule="inverse_sqrt", warmup_steps=0)(3) == pytest.approx(0.5)

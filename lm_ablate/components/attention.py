@@ -122,14 +122,31 @@ class CausalSelfAttention(nn.Module):
         probs = (scores + mask).float().softmax(dim=-1).to(q.dtype)
         return F.dropout(probs, dropout) @ v
 
-    def forward(self, x: Tensor, position: PositionScheme) -> Tensor:
+    def project(self, x: Tensor, position: PositionScheme) -> tuple[Tensor, Tensor, Tensor]:
+        """q [B, H, T, hd], k and v [B, Hkv, T, hd]: projected, qk-normed and rotated."""
         B, T, _ = x.shape
         q, k, v = self.qkv(x).split(self.split, dim=-1)
         q, k = self.q_norm(q), self.k_norm(k)
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
-        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = position.rotate(q, k)
+        return q, k, v
+
+    @torch.no_grad()
+    def max_logit(self, x: Tensor, position: PositionScheme) -> Tensor:
+        """Largest pre-softmax logit scale * q.k over the (query, key) pairs the mask lets through, before any
+        softcap and position bias: the quantity whose growth QK-norm and softcapping are meant to stop
+        (Dehghani et al. 2023). A stability probe computes it on a side pass; training never calls it."""
+        q, k, _ = self.project(x, position)
+        T = q.shape[-2]
+        k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        scores = (q @ k.transpose(-2, -1)).float() * self.scale
+        return (scores + self.mask(T, T, None, x.device, torch.float32)).amax()
+
+    def forward(self, x: Tensor, position: PositionScheme) -> Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.project(x, position)
         bias = position.score_bias(T, T, x.device, q.dtype)
         plain_causal = bias is None and self.window is None and not self.explicit
         mask = None if plain_causal else self.mask(T, T, bias, x.device, q.dtype)
