@@ -165,6 +165,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (probes and checkpoints use the uncompiled module)
     probe_every: int = 10  # steps between stability probes (per-layer stats, logit growth); 0 = off
     peak_flops: Optional[float] = None  # FLOP/s that MFU is measured against; None = a short matmul probe
+    extrapolation: list[int] = field(default_factory=list)  # at the end, val loss at k x context for each k
     checkpoint_every: int = 100  # steps between checkpoints (one is also written at the end); 0 = only at the end
     keep_checkpoints: int = 1  # how many of the newest checkpoints to keep
     resume: str = "auto"  # auto: continue from the run dir's newest checkpoint | never | a checkpoint path
@@ -351,6 +352,8 @@ def _train(cfg: DictConfig) -> None:
     for key in ("max_tokens", "max_time_s", "peak_flops"):
         if t[key] is not None and t[key] <= 0:
             raise bad(f"train.{key}", t[key], "must be > 0 or null")
+    if any(k < 1 for k in t.extrapolation):
+        raise bad("train.extrapolation", list(t.extrapolation), "every factor must be an integer >= 1")
     for key in ("checkpoint_every", "max_skipped_steps", "probe_every"):
         if t[key] < 0:
             raise bad(f"train.{key}", t[key], "must be >= 0")

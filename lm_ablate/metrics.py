@@ -15,6 +15,12 @@ STEP = "step"
 TRAIN_LOSS = "train/loss"  # cross-entropy only, so arms with and without z-loss compare on the same quantity
 TRAIN_Z_LOSS = "train/z_loss"  # coef * mean(log Z)^2, logged when regularization.z_loss > 0
 VAL_LOSS = "val/loss"  # mean cross-entropy over the held-out split (nats/token)
+VAL_LOSS_AT = "val/loss@{k}x"  # at the end: val loss at k times the training context (length extrapolation)
+
+
+def val_loss_at(k: int) -> str:
+    return VAL_LOSS_AT.format(k=k)
+
 GRAD_NORM = "optim/grad_norm"  # global L2 norm of the gradient *before* clipping
 LR = "optim/lr"
 TOKENS = "perf/tokens"  # tokens consumed so far (x-axis for equal-token comparisons)

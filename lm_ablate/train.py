@@ -83,6 +83,21 @@ def evaluate(model: torch.nn.Module, batches: list, autocast) -> float:
     return total / len(batches)
 
 
+@torch.no_grad()
+def extrapolate(model: TransformerLM, val_tokens, cfg: DictConfig, device: torch.device, autocast) -> dict[str, float]:
+    """Validation loss at k times the training context for each k in ``train.extrapolation`` (the same number
+    of tokens per pass: batch size divided by k). NaN where the position scheme cannot encode that length."""
+    t, context = cfg.train, cfg.model.context
+    out = {}
+    for k in t.extrapolation:
+        if model.position.max_length is not None and k * context > model.position.max_length:
+            out[M.val_loss_at(k)] = float("nan")
+            continue
+        batches = val_batches(val_tokens, max(1, t.batch_size // k), k * context, t.eval_batches)
+        out[M.val_loss_at(k)] = evaluate(model, [(x.to(device), y.to(device)) for x, y in batches], autocast)
+    return out
+
+
 @dataclass
 class Progress:
     """What the loop has accumulated; saved in checkpoints so a resumed run continues the same sums."""
@@ -187,6 +202,10 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
 
     data = load_data(cfg.data)
     check_length(data, cfg.model.context)
+    longest = max(t.extrapolation, default=1) * cfg.model.context
+    if len(data.val) < longest + 1:
+        raise ConfigError(f"train.extrapolation={list(t.extrapolation)} is invalid: the validation split has "
+                          f"{len(data.val)} tokens, fewer than {longest + 1}")
     seed_everything(cfg.seed)
     model = TransformerLM(cfg, data.vocab_size).to(device)
     cost = model_cost(model, cfg)
@@ -361,6 +380,9 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
                 if step % t.eval_every == 0 or stop_reason:
                     progress.val_losses.append(evaluate(model, val, autocast))
                     row[M.VAL_LOSS] = progress.val_losses[-1]
+                if stop_reason and t.extrapolation:
+                    row.update(extrapolate(model, data.val, cfg, device, autocast))
+                    summary["extrapolation"] = {k: row[M.val_loss_at(k)] for k in t.extrapolation}
                 if step % t.log_every == 0 or M.VAL_LOSS in row or not finite or probing:
                     tracker.log(row, step)
                 if M.VAL_LOSS in row:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
@@ -46,8 +47,9 @@ def test_every_option_builds_a_model(group):
         assert cfg.choices[group] == f.stem
         if group in ("data", "tracking", "optim"):
             continue  # not part of the model
-        model = TransformerLM(cfg, 64)
+        model = TransformerLM(cfg, 64).to("cpu").double().float()  # moving/casting works (nn.Module._apply)
         assert sum(p.numel() for p in model.parameters()) > 0
+        assert torch.isfinite(model(torch.randint(0, 64, (2, 8)))).all()
 
 
 def test_defaults_and_choices():

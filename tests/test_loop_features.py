@@ -4,6 +4,7 @@ without changing the training curve it observes."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -155,3 +156,13 @@ def test_compile_gives_the_same_curve(tmp_path, cache_dir):
     run(tmp_path, cache_dir, "compiled", "train.max_steps=6", "train.probe_every=3", "train.compile=true")
     assert curve(tmp_path / "eager") == pytest.approx(curve(tmp_path / "compiled"), abs=1e-4)
     assert any(M.layer_metric(0, M.MAX_ATTN_LOGIT) in r for r in rows(tmp_path / "compiled"))
+
+
+def test_length_extrapolation_is_evaluated_at_the_end(tmp_path, cache_dir):
+    s = run(tmp_path, cache_dir, "rope", "position=rope", "train.extrapolation=[1,2,4]")
+    last = rows(tmp_path / "rope")[-1]
+    assert last[M.val_loss_at(1)] == pytest.approx(last[M.VAL_LOSS], rel=1e-6)  # k=1 is the ordinary val loss
+    assert last[M.val_loss_at(4)] != last[M.val_loss_at(1)]
+    assert s["extrapolation"]["4"] == last[M.val_loss_at(4)] if "4" in s["extrapolation"] else s["extrapolation"][4]
+    run(tmp_path, cache_dir, "learned", "position=learned", "train.extrapolation=[2]")
+    assert math.isnan(rows(tmp_path / "learned")[-1][M.val_loss_at(2)])  # a learned table has no row past context

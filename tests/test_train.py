@@ -169,3 +169,19 @@ def test_joblib_launcher(tmp_path, cache_dir):
                "train.threads=1", *TINY, f"data.cache_dir={cache_dir}", f"hydra.sweep.dir={sweep}", cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(list(sweep.glob(f"*/{M.SUMMARY_FILE}"))) == 2
+
+
+ARCHS = sorted(p.stem for p in (ROOT / "conf" / "arch").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_arch_preset_trains_through_the_loop(tmp_path, cache_dir, arch):
+    summary = run(tmp_path, cache_dir, f"arch={arch}", "train.max_steps=4", "train.probe_every=2")
+    assert summary[M.STATUS] == M.STATUS_COMPLETED and np.isfinite(summary[M.FINAL_VAL_LOSS])
+    assert summary[M.CHOICES]["arch"] == arch
+    assert any(M.layer_metric(0, M.MAX_ATTN_LOGIT) in r for r in rows(tmp_path / "run"))
+
+
+def test_arch_presets_cover_the_families():
+    assert set(ARCHS) >= {"original", "gpt2", "gptj", "neox", "opt_postln", "bloom", "palm", "llama", "mistral",
+                          "qwen3", "gemma2", "olmo2"}

@@ -9,6 +9,7 @@ A placement wraps one sublayer f (attention or FFN) of a block; the block only c
     reordered (OLMo 2, OLMo et al. 2024)       x + drop(norm(f(x)))             final norm: yes
     deepnorm  (DeepNet, Wang et al. 2022)      norm(alpha * x + drop(f(x)))     final norm: no
     rezero    (Bachlechner et al. 2020)        x + alpha * drop(f(x))           final norm: no (has no norms)
+    none      (the no-normalization baseline)  x + drop(f(x))                   final norm: no (has no norms)
 
 "final norm" is each placement's default for ``norm.final_norm: null``: the stream reaching the LM head is
 un-normalized after pre, sandwich and reordered, already normalized after post and deepnorm, and ReZero's
@@ -142,6 +143,17 @@ class ReZero(Residual):
 
 def build_residual(cfg: NormConfig, dim: int, dropout: float, n_layers: int = 1) -> Residual:
     return PLACEMENTS.get(cfg.placement)(cfg, dim, dropout, n_layers)
+
+
+@PLACEMENTS.register("none")
+class NoNorm(Residual):
+    """A plain residual, no normalization anywhere: what every placement is an improvement over."""
+
+    needs_final_norm = False
+    norms = ()
+
+    def forward(self, x: Tensor, f: Sublayer) -> Tensor:
+        return x + self.drop(f(x))
 
 
 def needs_final_norm(cfg: NormConfig) -> bool:

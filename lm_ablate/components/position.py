@@ -23,6 +23,7 @@ ROPE_LAYOUTS: Registry = Registry("position.layout")
 
 class PositionScheme(nn.Module):
     embedding_params = 0  # parameters that count as embedding (excluded from non-embedding counts)
+    max_length: int | None = None  # longest sequence the scheme can encode; None = any (extrapolation)
 
     def embed(self, x: Tensor) -> Tensor:
         return x
@@ -55,6 +56,7 @@ class LearnedPosition(PositionScheme):
         super().__init__()
         self.table = nn.Embedding(model.context, model.d_model)
         self.embedding_params = self.table.weight.numel()
+        self.max_length = model.context
 
     def embed(self, x: Tensor) -> Tensor:
         return x + self.table.weight[: x.shape[1]]
@@ -137,14 +139,14 @@ class RotaryPosition(PositionScheme):
             self._cos, self._sin, self._cache_len = angles.cos(), angles.sin(), n
         return self._cos[:n], self._sin[:n]
 
-    def _apply(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def _rotate_one(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         x_rot, x_pass = x[..., : self.dims], x[..., self.dims :]
         x_rot = x_rot * cos.to(x.dtype) + self.layout.partner(x_rot) * sin.to(x.dtype)
         return torch.cat((x_rot, x_pass), dim=-1)
 
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = self._angles(q.shape[-2], q.device)
-        return self._apply(q, cos, sin), self._apply(k, cos, sin)
+        return self._rotate_one(q, cos, sin), self._rotate_one(k, cos, sin)
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
