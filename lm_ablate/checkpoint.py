@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +87,37 @@ def save(run_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     return path
 
 
+ALLOWED = "allowed: auto, never, or a checkpoint file (or run directory) written by lm-ablate"
+
+
+def _unreadable(err: Exception) -> str:
+    """Why torch.load refused a file, in a few words. torch's own text is long, multi-line, has terminal colour
+    codes and suggests ``weights_only=False``, which is exactly what must not be done with an unknown file."""
+    text = str(err)
+    if "Weights only load failed" in text:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+        if found:
+            return (f"it would import {found.group(1)} while unpickling, and a checkpoint may hold only tensors and "
+                    "plain containers (loading refused: it could run code)")
+        return "not a torch checkpoint of tensors and plain containers (corrupt, or not written by torch.save)"
+    if isinstance(err, (EOFError, RuntimeError)) or "zip archive" in text:
+        first = re.sub(r"\x1b\[[0-9;]*m", "", text).strip().split(". ")[0].splitlines()
+        return f"truncated or corrupt file ({first[0][:160] if first else 'it ends early'})"
+    return f"{type(err).__name__}: {' '.join(text.split())[:160]}"
+
+
 def load(path: Path) -> dict[str, Any]:
     """torch.load(weights_only=True): tensors and plain containers only, no code runs."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise before our one-line error
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # truncated file, wrong format, unpickling refused
-        raise CheckpointError(f"train.resume={str(path)!r} is invalid: unreadable checkpoint ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0][:200]})") from None
+        raise CheckpointError(f"train.resume={str(path)!r} is invalid: unreadable checkpoint: {_unreadable(err)}; "
+                              f"{ALLOWED}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"train.resume={str(path)!r} is invalid: not an lm-ablate checkpoint of format {FORMAT}")
+        raise CheckpointError(f"train.resume={str(path)!r} is invalid: not an lm-ablate checkpoint of format {FORMAT}; "
+                              f"{ALLOWED}")
     return state
 
 

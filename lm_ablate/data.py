@@ -491,7 +491,11 @@ def load_data(cfg: DataConfig) -> TokenData:
     key = _digest({"format": FORMAT, "sep": SEP, "source": source.identity(), "tokenizer": tok_spec})
     cache = _abs(cfg.cache_dir)
     folder = cache / "tokens" / key
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = f"cannot create the token cache there ({_first_line(e)}); allowed: a writable folder"
+        raise _bad("data.cache_dir", cfg.cache_dir, why) from None
     make_tokenizer = TOKENIZERS.get(cfg.tokenizer)
     with _locked(folder.parent / f"{key}.lock"):
         hit = _open_cached(folder)
@@ -543,7 +547,8 @@ def check_length(data: TokenData, context: int) -> None:
     """Fail at start, not at the first batch, when a split cannot hold one (context + 1)-token window."""
     for split, tokens in (("train", data.train), ("val", data.val)):
         if len(tokens) < context + 1:
-            why = f"the {split} split has only {len(tokens)} tokens (needs context + 1)"
+            why = (f"the {split} split has only {len(tokens)} tokens (needs context + 1 = {context + 1}); "
+                   "use a smaller model.context or more data")
             raise _bad("model.context", context, why)
 
 

@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     sweep = subprocess.run(sweep_command(args.study, out, args.launcher, overrides))
     minutes = (time.perf_counter() - started) / 60
+    if sweep.returncode and not any(out.glob("**/summary.json")):
+        # refused before any run started (a bad study file or override): the sweep's one-line error above is
+        # the answer; a report would only list never-started job directories
+        return sweep.returncode
     print(f"lm-ablate: sweep {args.study} finished in {minutes:.1f} min (exit {sweep.returncode}); building the report")
 
     from analysis.report import AnalysisError, build_report

@@ -37,7 +37,9 @@ from lm_ablate.tracking import LocalRecord, RunInfo, Tracker, Trackers, atomic_w
 
 # overrides that do not change what is trained: left out of run names
 _BOOKKEEPING = ("tracking", "train.progress", "train.device", "train.threads", "train.resume", "data.cache_dir", "hydra")
-PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# SIGTERM: scancel, preemption; SIGUSR1: a common sbatch --signal choice; SIGUSR2: what submitit (hydra/launcher=slurm)
+# asks SLURM to send before the time limit (signal_delay_s), after which its own handler requeues the job.
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -111,7 +113,7 @@ class Progress:
 
 
 class Preemption:
-    """SIGTERM/SIGUSR1 (SLURM preemption or time limit) only set a flag: the loop finishes the step, writes a
+    """SIGTERM/SIGUSR1/SIGUSR2 (SLURM preemption or time limit) only set a flag: the loop finishes the step, writes a
     checkpoint and stops; then the signal is re-raised with the previous handler so the scheduler (or
     submitit) sees the job end as it expects and can requeue it. The requeued job resumes automatically."""
 
@@ -322,7 +324,8 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
                 lr = cfg.optim.lr * lr_at(step - 1)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                probing = dist_env.main and t.probe_every > 0 and step % t.probe_every == 0
+                # probe the first step too: per-layer gradients at initialization (Xiong et al. 2020)
+                probing = dist_env.main and t.probe_every > 0 and (step == 1 or step % t.probe_every == 0)
                 row: dict[str, float] = forward_stats(model, x, autocast) if probing else {}
 
                 tic = time.perf_counter()

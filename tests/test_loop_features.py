@@ -42,7 +42,7 @@ def test_probes_are_logged_and_do_not_change_the_curve(tmp_path, cache_dir):
     run(tmp_path, cache_dir, "off", "train.probe_every=0", "regularization=dropout")
     assert curve(tmp_path / "on") == curve(tmp_path / "off")  # eval-mode side pass draws no random numbers
     probed = [r for r in rows(tmp_path / "on") if M.LOGITS_MAX_ABS in r]
-    assert [r[M.STEP] for r in probed] == [5, 10, 15, 20]
+    assert [r[M.STEP] for r in probed] == [1, 5, 10, 15, 20]
     for layer in range(2):
         for name in (M.RESIDUAL_RMS, M.MAX_ATTN_LOGIT, M.GRAD_NORM_LAYER, M.PARAM_NORM):
             assert M.layer_metric(layer, name) in probed[0]

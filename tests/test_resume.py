@@ -82,13 +82,14 @@ def test_kill_9_then_resume_is_bit_identical(tmp_path, cache_dir, reference, kil
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_then_resumes(tmp_path, cache_dir, reference):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2])  # preemption; submitit's time-limit signal
+def test_preemption_signal_checkpoints_then_resumes(tmp_path, cache_dir, reference, sig):
     run_dir = tmp_path / "run"
     proc = start(run_dir, cache_dir)
     wait_for_rows(proc, run_dir, 60)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGTERM  # the signal is passed on after the checkpoint (requeue logic)
+    assert proc.returncode == -sig  # the signal is passed on after the checkpoint (requeue logic)
     summary = json.loads((run_dir / M.SUMMARY_FILE).read_text())
     assert summary[M.STATUS] == M.STATUS_PREEMPTED
     stopped = summary[M.STEPS]

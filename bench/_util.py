@@ -1,0 +1,106 @@
+"""Shared helpers of the benchmarks in bench/ (not a benchmark itself).
+
+Every benchmark compares candidates measured in the same process and the same minutes: the machine may be
+shared, so candidates are interleaved (round r runs each candidate once, in an order rotated every round),
+each candidate's figure is the median over rounds, and a ratio is the median of the per-round ratios (both
+candidates of a round saw about the same load). The load average is printed with every result.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def loadavg() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
+
+
+def environment() -> str:
+    import torch
+
+    return (
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs "
+        f"({torch.backends.cpu.get_cpu_capability()}), python {platform.python_version()}"
+    )
+
+
+def header(title: str) -> None:
+    print(f"== {title}")
+    print(f"   {environment()}")
+    print(f"   load average (1/5/15 min) at start: {loadavg()}", flush=True)
+
+
+def median(values: Iterable[float]) -> float:
+    values = list(values)
+    return statistics.median(values) if values else float("nan")
+
+
+def spread(values: Sequence[float]) -> str:
+    """min-max of the rounds, as a quick look at the noise."""
+    return f"{min(values):.4g}-{max(values):.4g}" if values else "-"
+
+
+def interleave(
+    candidates: dict[str, Callable[[], float]], rounds: int, verbose: bool = True
+) -> tuple[dict[str, list[float]], list[tuple[float, float, float]]]:
+    """Call each candidate once per round, rotating the order (A B C, B C A, ...); each call returns its
+    figure for that round. Returns the figures per candidate and the load average after each round."""
+    names = list(candidates)
+    figures: dict[str, list[float]] = {name: [] for name in names}
+    loads = []
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            figures[name].append(candidates[name]())
+        loads.append(os.getloadavg())
+        if verbose:
+            shown = "  ".join(f"{n}={figures[n][-1]:.4g}" for n in names)
+            print(f"   round {r + 1}/{rounds}: {shown}  (load {loads[-1][0]:.2f})", flush=True)
+    return figures, loads
+
+
+def ratios(a: list[float], b: list[float]) -> list[float]:
+    """Per-round b / a."""
+    return [y / x for x, y in zip(a, b)]
+
+
+def load_summary(loads: list[tuple[float, float, float]]) -> str:
+    ones = [l[0] for l in loads]
+    return f"1-min load average during the rounds: median {median(ones):.2f}, range {min(ones):.2f}-{max(ones):.2f}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def matmul_gflops(n: int = 1024, seconds: float = 0.3) -> float:
+    """Best fp32 GFLOP/s of n x n matmuls over ~seconds: lm_ablate.perf.measured_peak_flops' method, but not
+    cached, so it can be measured again in every round (MFU against the peak of the same minute)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen)
+    b = torch.randn(n, n, generator=gen)
+    best, deadline = 0.0, time.perf_counter() + seconds
+    for i in range(1000):
+        tic = time.perf_counter()
+        a @ b
+        best = max(best, 2 * n**3 / (time.perf_counter() - tic))
+        if i >= 2 and time.perf_counter() > deadline:
+            break
+    return best / 1e9
