@@ -9,6 +9,12 @@ confound.
 
 Aggregates use completed runs only: a diverged run has no comparable final loss and fewer steps (so fewer
 chances to spike), and a running or killed run is not finished. Such runs are counted and listed per arm.
+Rates are the exception: spikes per 1000 steps pool completed and diverged runs (the steps normalise away the
+shorter run, and the spikes before a divergence are the interesting ones), and the divergence rate is over
+all runs of the arm.
+
+When ``optim.lr`` varies, :func:`lr_sweep` also finds the best learning rate of every arm and its learning-rate
+sensitivity (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training instabilities").
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.load import MISSING_VALUE, AnalysisError, RunSet
-from analysis.stats import mean_ci, welch
+from analysis.load import INIT_VAL_LOSS, MISSING_VALUE, AnalysisError, RunSet
+from analysis.stats import mean_ci, paired, welch
 from lm_ablate import metrics as M
 
 EXCLUDED_KEYS = frozenset(
@@ -32,7 +38,12 @@ EXCLUDED_KEYS = frozenset(
 )  # bookkeeping that differs between runs without being an intervention
 EXCLUDED_PREFIXES = ("choices.", "tracking.")
 ALL_RUNS = "all runs"  # context label when there is no other varied axis
-AGGREGATED = (M.FINAL_VAL_LOSS, M.BEST_VAL_LOSS, M.GRAD_NORM_SPIKES, M.LOSS_SPIKES, M.MEAN_TOKENS_PER_SEC)
+AGGREGATED = (
+    M.FINAL_VAL_LOSS, M.BEST_VAL_LOSS, M.GRAD_NORM_SPIKES, M.LOSS_SPIKES, M.MEAN_TOKENS_PER_SEC, M.MEAN_MFU,
+)  # fmt: skip
+LR_KEY = "optim.lr"
+TEST_PAIRED = "paired"  # the `test` column: which test gave delta, its interval and p
+TEST_WELCH = "welch"
 
 
 @dataclass(frozen=True)
@@ -241,10 +252,21 @@ def _has_contrast(axis: Axis, axes: list[Axis], run_ids: list[str], rs: RunSet) 
     return any(len(v) > 1 for v in seen.values())
 
 
+def _assign(
+    rs: RunSet, axis: Axis, axes: list[Axis], run_ids: list[str]
+) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """(run_id -> (context, arm), contexts in the order of the other axes' values)."""
+    others = _other_axes(axis, axes)
+    assignment = {r: (_context(rs.configs[r], others), fmt_value(rs.configs[r][axis.name])) for r in run_ids}
+    context_order = sorted(
+        {(tuple(_sort_key(rs.configs[r][a.name]) for a in others), assignment[r][0]) for r in run_ids}
+    )
+    return assignment, list(dict.fromkeys(label for _, label in context_order))
+
+
 def _compare_axis(
     rs: RunSet, axis: Axis, axes: list[Axis], run_ids: list[str], base: tuple[str, str] | None
 ) -> Comparison:
-    others = _other_axes(axis, axes)
     arm_values = _sorted_values(rs.configs[r][axis.name] for r in run_ids)
     arms = [fmt_value(v) for v in arm_values]
     # default baseline: the arm of the first run launched (a sweep lists its baseline first: pre,post)
@@ -256,25 +278,56 @@ def _compare_axis(
             shown = ", ".join(_sorted_values(fmt_value(rs.configs[r][key]) for r in run_ids))
             raise AnalysisError(f"--baseline {key}={text}: no run has that value; values of {key}: {shown}")
         baseline = fmt_value(hits[0])
-    assignment = {r: (_context(rs.configs[r], others), fmt_value(rs.configs[r][axis.name])) for r in run_ids}
-    context_order = sorted(
-        {(tuple(_sort_key(rs.configs[r][a.name]) for a in others), assignment[r][0]) for r in run_ids}
-    )
-    contexts = list(dict.fromkeys(label for _, label in context_order))
+    assignment, contexts = _assign(rs, axis, axes, run_ids)
+    members: dict[tuple[str, str], list[str]] = {}
+    for r in run_ids:
+        members.setdefault(assignment[r], []).append(r)
     runs = rs.runs.set_index("run_id", drop=False)
     rows = []
     for context in contexts:
-        members = {arm: [r for r in run_ids if assignment[r] == (context, arm)] for arm in arms}
-        base_runs = runs.loc[members[baseline]] if members[baseline] else None
+        base_ids = members.get((context, baseline), [])
+        base_runs = runs.loc[base_ids] if base_ids else None
         for arm in arms:
-            if members[arm]:
-                rows.append(_arm_row(axis, context, arm, arm == baseline, runs.loc[members[arm]], base_runs))
+            if (context, arm) in members:
+                df = runs.loc[members[(context, arm)]]
+                rows.append(_arm_row(axis, context, arm, arm == baseline, df, base_runs))
     table = pd.DataFrame(rows)
     return Comparison(axis, arms, baseline, contexts, table, assignment)
 
 
 def _completed(df: pd.DataFrame) -> pd.DataFrame:
     return df[df[M.STATUS] == M.STATUS_COMPLETED]
+
+
+def _seeds(df: pd.DataFrame) -> pd.Series | None:
+    """Final val loss by seed, or None when a seed is unknown or repeated (then runs cannot be paired)."""
+    seeds = pd.to_numeric(df[M.SEED], errors="coerce")
+    if seeds.isna().any() or seeds.duplicated().any():
+        return None
+    return pd.Series(df[M.FINAL_VAL_LOSS].to_numpy(dtype=float), index=seeds.to_numpy())
+
+
+def compare_to_baseline(arm: pd.DataFrame, base: pd.DataFrame) -> dict[str, Any]:
+    """Δ final val loss (arm - baseline) over completed runs: the paired t-test on the seeds both ran when they
+    share at least two (seeds that only one arm ran are left out of it), else Welch's t-test."""
+    a, b = _seeds(arm), _seeds(base)
+    shared = sorted(set(a.index) & set(b.index)) if a is not None and b is not None else []
+    if len(shared) >= 2:
+        delta, low, high, p, n = paired(a.loc[shared].tolist(), b.loc[shared].tolist())
+        if n >= 2:
+            return {"delta_final_val_loss": delta, "delta_ci_low": low, "delta_ci_high": high,
+                    "p_value": p, "test": TEST_PAIRED, "n_pairs": n}  # fmt: skip
+    delta, low, high, p = welch(arm[M.FINAL_VAL_LOSS].tolist(), base[M.FINAL_VAL_LOSS].tolist())
+    return {"delta_final_val_loss": delta, "delta_ci_low": low, "delta_ci_high": high, "p_value": p,
+            "test": TEST_WELCH if math.isfinite(p) else "", "n_pairs": 0}  # fmt: skip
+
+
+def spike_rate(df: pd.DataFrame, count_key: str) -> float:
+    """Spikes per 1000 steps, pooled over the runs given (total spikes / total steps)."""
+    counts = pd.to_numeric(df[count_key], errors="coerce").to_numpy(dtype=float)
+    steps = pd.to_numeric(df[M.STEPS], errors="coerce").to_numpy(dtype=float)
+    ok = np.isfinite(counts) & np.isfinite(steps) & (steps > 0)
+    return float(1000 * counts[ok].sum() / steps[ok].sum()) if ok.any() else math.nan
 
 
 def _arm_row(
@@ -303,19 +356,22 @@ def _arm_row(
         row[metric] = (
             float(vals.median()) if len(vals) else math.nan
         )  # same model in every seed: any run says
-    delta = low = high = p = ratio = math.nan
+    ended = df[df[M.STATUS].isin([M.STATUS_COMPLETED, M.STATUS_DIVERGED])]
+    row["grad_norm_spikes_per_1k_steps"] = spike_rate(ended, M.GRAD_NORM_SPIKES)
+    row["loss_spikes_per_1k_steps"] = spike_rate(ended, M.LOSS_SPIKES)
+    row["divergence_rate"] = len(diverged) / len(df) if len(df) else math.nan
+    test: dict[str, Any] = {"delta_final_val_loss": math.nan, "delta_ci_low": math.nan,
+                            "delta_ci_high": math.nan, "p_value": math.nan, "test": "", "n_pairs": 0}  # fmt: skip
+    ratio = math.nan
     if base is not None and not is_baseline:
         base_done = _completed(base)
-        delta, low, high, p = welch(done[M.FINAL_VAL_LOSS].tolist(), base_done[M.FINAL_VAL_LOSS].tolist())
+        test = compare_to_baseline(done, base_done)
         base_tps = mean_ci(base_done[M.MEAN_TOKENS_PER_SEC].tolist())[0]
         if base_tps and np.isfinite(base_tps):
             ratio = row[f"{M.MEAN_TOKENS_PER_SEC}_mean"] / base_tps
+    row.update(test)
     row.update(
         {
-            "delta_final_val_loss": delta,
-            "delta_ci_low": low,
-            "delta_ci_high": high,
-            "p_value": p,
             "tokens_per_sec_ratio": ratio,
             "diverged_runs": " ".join(diverged["run_id"]),
             "other_runs": " ".join(f"{r}({s})" for r, s in zip(other["run_id"], other[M.STATUS])),
@@ -323,3 +379,116 @@ def _arm_row(
         }
     )
     return row
+
+
+# --- learning-rate sweeps -------------------------------------------------------------------------------
+@dataclass
+class LRSweep:
+    """Final loss against learning rate, per arm (an arm: the values of every other varied axis).
+
+    ``points``: one row per (context, lr). ``best``: one row per context with the best learning rate and the
+    learning-rate sensitivity. ``assignment``: run_id -> (context, lr as written) for the runs used.
+    """
+
+    axis: Axis
+    contexts: list[str]
+    lrs: list[float]
+    points: pd.DataFrame
+    best: pd.DataFrame
+    assignment: dict[str, tuple[str, str]]
+    notes: list[str] = field(default_factory=list)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def lr_sweep(rs: RunSet, key: str = LR_KEY) -> LRSweep | None:
+    """Best learning rate and learning-rate sensitivity of every arm, or None when ``key`` does not vary.
+
+    Best LR: the grid value with the lowest mean final val loss over completed runs (its Student-t interval
+    as elsewhere; the diverged runs at that LR are counted beside it). ``best_at_edge`` flags a best LR at
+    either end of the grid: the optimum may lie outside it.
+
+    LR sensitivity (Wortsman et al. 2023): E_lr[min(loss(lr), loss_init) - loss*] over the arm's grid. Here
+    every run's final val loss is capped at its own init loss (the first ``val/loss`` row, logged at step 0),
+    a diverged run (or a completed one with a non-finite final loss) counts as its init loss, loss(lr) is the
+    mean of these over the seeds, loss* the lowest loss(lr) of the arm, and the expectation is the plain mean
+    over the LRs that have a completed or diverged run. A run without an init loss borrows the arm's mean
+    init loss. 0 means every LR in the grid is as good as the best; it grows as the loss worsens, capped at
+    the init loss, away from the best LR. Runs still running, failed or unreadable are left out.
+    """
+    axes, _, _, _ = find_axes(rs)
+    found = next((a for a in axes if key in a.keys), None)
+    if found is None:
+        return None
+    axis = Axis(key, (key, *(k for k in found.keys if k != key)))
+    notes: list[str] = []
+    run_ids = [r for r in rs.configs if _is_number(rs.configs[r][key])]
+    if len(run_ids) < len(rs.configs):
+        notes.append(f"{len(rs.configs) - len(run_ids)} run(s) without a positive numeric {key} left out")
+    if not run_ids:
+        return None
+    assignment, contexts = _assign(rs, axis, axes, run_ids)
+    lrs = sorted({float(rs.configs[r][key]) for r in run_ids})
+    runs = rs.runs.set_index("run_id", drop=False)
+    init = pd.to_numeric(runs.get(INIT_VAL_LOSS, pd.Series(math.nan, index=runs.index)), errors="coerce")
+    points, best = [], []
+    for context in contexts:
+        members = [r for r in run_ids if assignment[r][0] == context]
+        arm_init = init.loc[members]
+        arm_init_mean = float(arm_init.mean()) if arm_init.notna().any() else math.nan
+        rows = [_lr_point(context, lr, [r for r in members if rs.configs[r][key] == lr], runs, init,
+                          arm_init_mean) for lr in lrs]  # fmt: skip
+        rows = [row for row in rows if row["n_runs"]]
+        points += rows
+        best.append(_lr_best(context, rows, arm_init_mean))
+    return LRSweep(axis, contexts, lrs, pd.DataFrame(points), pd.DataFrame(best), assignment, notes)
+
+
+def _lr_point(
+    context: str, lr: float, members: list[str], runs: pd.DataFrame, init: pd.Series, arm_init: float
+) -> dict[str, Any]:
+    df = runs.loc[members]
+    final = pd.to_numeric(df[M.FINAL_VAL_LOSS], errors="coerce")
+    completed = (df[M.STATUS] == M.STATUS_COMPLETED) & np.isfinite(final)
+    diverged = (df[M.STATUS] == M.STATUS_DIVERGED) | ((df[M.STATUS] == M.STATUS_COMPLETED) & ~completed)
+    mean, low, high, n = mean_ci(final[completed].tolist())
+    capped = []
+    for r in df.index[completed | diverged]:
+        loss_init = init.get(r, math.nan)
+        loss_init = arm_init if not np.isfinite(loss_init) else float(loss_init)
+        capped.append(loss_init if diverged[r] else min(float(final[r]), loss_init))
+    return {
+        "context": context, "lr": lr, "n_runs": len(df), "n_completed": int(completed.sum()),
+        "n_diverged": int(diverged.sum()), f"{M.FINAL_VAL_LOSS}_mean": mean,
+        f"{M.FINAL_VAL_LOSS}_ci_low": low, f"{M.FINAL_VAL_LOSS}_ci_high": high, f"{M.FINAL_VAL_LOSS}_n": n,
+        "capped_loss": float(np.mean(capped)) if capped else math.nan,
+        "diverged_runs": " ".join(df.index[diverged]),
+    }  # fmt: skip
+
+
+def _lr_best(context: str, rows: list[dict[str, Any]], arm_init: float) -> dict[str, Any]:
+    final = f"{M.FINAL_VAL_LOSS}_mean"
+    ranked = [r for r in rows if np.isfinite(r[final])]
+    top = min(ranked, key=lambda r: r[final]) if ranked else None
+    grid = [r["lr"] for r in rows]
+    capped = np.array([r["capped_loss"] for r in rows], dtype=float)
+    capped = capped[np.isfinite(capped)]
+    loss_star = float(capped.min()) if len(capped) else math.nan
+    return {
+        "context": context,
+        "n_lrs": len(grid),
+        "lr_grid": " ".join(fmt_value(v) for v in grid),
+        "best_lr": top["lr"] if top else math.nan,
+        "best_at_edge": bool(top and len(grid) > 1 and top["lr"] in (min(grid), max(grid))),
+        f"{M.FINAL_VAL_LOSS}_mean": top[final] if top else math.nan,
+        f"{M.FINAL_VAL_LOSS}_ci_low": top[f"{M.FINAL_VAL_LOSS}_ci_low"] if top else math.nan,
+        f"{M.FINAL_VAL_LOSS}_ci_high": top[f"{M.FINAL_VAL_LOSS}_ci_high"] if top else math.nan,
+        f"{M.FINAL_VAL_LOSS}_n": top[f"{M.FINAL_VAL_LOSS}_n"] if top else 0,
+        "n_diverged_at_best": top["n_diverged"] if top else 0,
+        "n_diverged": sum(r["n_diverged"] for r in rows),
+        "loss_init": arm_init,
+        "loss_star": loss_star,
+        "lr_sensitivity": float((capped - loss_star).mean()) if len(capped) else math.nan,
+    }

@@ -1,11 +1,14 @@
-"""Curves per arm for one comparison: validation loss, training loss and gradient norm.
+"""Figures per arm for one comparison, and final loss against learning rate for an LR sweep.
 
 Matplotlib's object API with the Agg canvas is used instead of pyplot, so importing this module neither
-switches the caller's backend nor keeps figures alive in pyplot's global registry.
+switches the caller's backend nor keeps figures alive in pyplot's global registry. Panels are laid out by
+hand rather than by the constrained-layout engine, which costs about as much as drawing the figure: a report
+on a big sweep draws dozens.
 
 Each context of a comparison gets its own panel (arms are only compared within a context). Only completed
 runs enter a mean; runs that diverged or did not finish are drawn individually as dashed lines and named in
-the caption, because averaging a curve that stops (or explodes) halfway would bend the mean.
+the caption, because averaging a curve that stops (or explodes) halfway would bend the mean. A figure whose
+data no run logged is not drawn at all (the function returns no figure).
 """
 
 from __future__ import annotations
@@ -14,25 +17,32 @@ import io
 import math
 import re
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import LogFormatter
+from matplotlib.ticker import FixedLocator, LogFormatter, NullLocator
+from matplotlib.transforms import blended_transform_factory
 
-from analysis.compare import Comparison
-from analysis.load import RunSet
+from analysis.compare import Comparison, LRSweep, fmt_value
+from analysis.load import EXTRAPOLATION_KEY, FIRST_PROBE_PREFIX, LAYER_KEY, MAX_ATTN_LOGIT_ALL, RunSet
+from analysis.stats import mean_ci
 from lm_ablate import metrics as M
 
 MAX_PANELS = 6  # per figure; more contexts wrap onto further figures
 COLUMNS = 3
 DPI = 110
+PANEL_W, PANEL_H = 4.6, 3.4  # inches per panel
+MAX_POINTS = 1500  # per drawn line: more than a 500-pixel-wide panel can show
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
+MARKERS = ("o", "s", "^", "D", "v", "P", "*", "h", "<")
 
 
 @dataclass
@@ -71,6 +81,14 @@ def _curve(rs: RunSet, run_id: str, metric: str) -> pd.Series:
     return hist[metric].dropna()
 
 
+def _thin(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every k-th point, the last one kept, so a line has at most about MAX_POINTS vertices."""
+    if len(x) <= MAX_POINTS:
+        return x, y
+    idx = np.unique(np.r_[np.arange(0, len(x), math.ceil(len(x) / MAX_POINTS)), len(x) - 1])
+    return x[idx], y[idx]
+
+
 def _mean_band(curves: list[pd.Series]) -> tuple[pd.Index, np.ndarray, np.ndarray, np.ndarray] | None:
     """Mean, min and max over runs at the steps every run logged (a step missing from one seed would change
     which seeds the mean is over from one point to the next)."""
@@ -90,6 +108,26 @@ def _grid(n: int) -> tuple[int, int]:
     return math.ceil(n / cols), cols
 
 
+def _panels(n: int, legend_rows: int = 1) -> tuple[Figure, list[Axes]]:
+    """A figure of ``n`` panels with fixed margins (inches): room for a suptitle above, two-line panel
+    titles, and a legend of ``legend_rows`` rows below."""
+    rows, cols = _grid(n)
+    top, bottom, left, right = 0.55, 0.35 + 0.22 * legend_rows, 0.62, 0.15
+    gap_w, gap_h = 0.6, 0.85
+    width, height = PANEL_W * cols, PANEL_H * rows + top + bottom - 0.4
+    fig = Figure(figsize=(width, height))
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    inner_w = (width - left - right - gap_w * (cols - 1)) / cols
+    inner_h = (height - top - bottom - gap_h * (rows - 1)) / rows
+    fig.subplots_adjust(
+        left=left / width, right=1 - right / width, top=1 - top / height, bottom=bottom / height,
+        wspace=gap_w / inner_w, hspace=gap_h / inner_h,
+    )  # fmt: skip
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, list(axes[:n])
+
+
 def _png(fig: Figure) -> bytes:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
@@ -101,8 +139,20 @@ def _statuses(rs: RunSet) -> dict[str, str]:
     return dict(zip(rs.runs["run_id"], rs.runs[M.STATUS]))
 
 
-def _pages(comp: Comparison) -> list[list[str]]:
-    return [comp.contexts[i : i + MAX_PANELS] for i in range(0, len(comp.contexts), MAX_PANELS)]
+def _pages(comp: Comparison, max_pages: int | None = None) -> list[list[str]]:
+    pages = [comp.contexts[i : i + MAX_PANELS] for i in range(0, len(comp.contexts), MAX_PANELS)]
+    return pages[:max_pages] if max_pages else pages
+
+
+def _omitted_note(comp: Comparison, max_pages: int | None) -> str:
+    shown = sum(len(p) for p in _pages(comp, max_pages))
+    if shown == len(comp.contexts):
+        return ""
+    return f" Only the first {shown} of {len(comp.contexts)} contexts are drawn; the tables hold all of them."
+
+
+def _members(comp: Comparison, context: str, arm: str) -> list[str]:
+    return [r for r, key in comp.assignment.items() if key == (context, arm)]
 
 
 def _not_completed_note(rs: RunSet, comp: Comparison, contexts: list[str], averaged: bool = True) -> str:
@@ -118,100 +168,171 @@ def _not_completed_note(rs: RunSet, comp: Comparison, contexts: list[str], avera
     return f" Dashed: runs {what}: {shown}{more}."
 
 
-def _legend(fig: Figure, comp: Comparison, extra: list[Line2D]) -> None:
-    handles: list = [
-        Patch(color=COLORS[i % len(COLORS)], label=_text(arm, 30)) for i, arm in enumerate(comp.arms)
-    ]
+def _legend_rows(n_handles: int) -> int:
+    return math.ceil(n_handles / 5)
+
+
+def _legend(fig: Figure, labels: list[str], extra: list[Line2D]) -> None:
+    handles: list = [Patch(color=COLORS[i % len(COLORS)], label=_text(a, 30)) for i, a in enumerate(labels)]
     handles += extra
-    fig.legend(
-        handles=handles, loc="outside lower center", ncols=min(len(handles), 5), fontsize=8, frameon=False
-    )
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncols=min(len(handles), 5),
+               fontsize=8, frameon=False)  # fmt: skip
 
 
-def loss_figures(
-    rs: RunSet, comp: Comparison, metric: str = M.VAL_LOSS, smoothing: float = 0.0
+def _style(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(_text(title), fontsize=9)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(which="both", labelsize=7)
+    ax.grid(alpha=0.3, which="both")
+
+
+def _plain_log_ticks(ax: Axes) -> None:
+    """Log-scale y ticks written as "6", not mathtext "6×10⁰"."""
+    for setter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        setter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.5)))
+
+
+def _title(what: str, comp: Comparison, page: int, pages: int) -> str:
+    return f"{what} by {comp.axis.name}" + (f" ({page}/{pages})" if pages > 1 else "")
+
+
+# --- curves over steps ----------------------------------------------------------------------------------
+Series = Callable[[str], pd.Series]  # run_id -> values indexed by step
+
+
+def curve_figures(
+    rs: RunSet,
+    comp: Comparison,
+    series: Series,
+    *,
+    label: str,
+    kind: str,
+    caption: str,
+    smoothing: float = 0.0,
+    log_y: bool = False,
+    max_pages: int | None = None,
 ) -> list[PlotFigure]:
-    """Mean loss per arm over completed runs with a min–max band across seeds, one panel per context.
+    """Mean over completed runs per arm with a min–max band across seeds, one panel per context.
 
     A min–max band rather than a CI: with 2–3 seeds a t-interval is wide and mostly reflects the t
-    quantile, while min–max shows the actual seeds. ``smoothing`` is the EMA factor applied per run
-    before averaging.
+    quantile, while min–max shows the actual seeds. ``series`` gives a run's values by step; ``smoothing``
+    is the EMA factor applied per run before averaging. Runs that did not complete are dashed, diverged ones
+    end in an X, and neither sets the y range, so one blow-up cannot flatten every other curve.
     """
     status = _statuses(rs)
     colors = {arm: COLORS[i % len(COLORS)] for i, arm in enumerate(comp.arms)}
-    kind = "val-loss" if metric == M.VAL_LOSS else "train-loss" if metric == M.TRAIN_LOSS else slug(metric)
+    pages = _pages(comp, max_pages)
+    extra = [
+        Line2D([], [], color="0.3", lw=1.6, label="mean of completed runs; band = min–max over seeds"),
+        Line2D([], [], color="0.3", lw=1.0, ls="--", label="not completed (not in mean)"),
+        Line2D([], [], color="0.3", marker="X", ls="", label="diverged"),
+    ]
+    ylabel = label + (f" (EMA {smoothing:g})" if smoothing else "")
     out = []
-    for page, contexts in enumerate(_pages(comp), 1):
-        rows, cols = _grid(len(contexts))
-        fig = Figure(figsize=(4.6 * cols, 3.4 * rows + 0.8), layout="constrained")
-        axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for page, contexts in enumerate(pages, 1):
+        fig, axes = _panels(len(contexts), _legend_rows(len(comp.arms) + len(extra)))
         drawn = False
         for ax, context in zip(axes, contexts):
             ylims: list[float] = []
             for arm in comp.arms:
-                members = [r for r, key in comp.assignment.items() if key == (context, arm)]
+                members = _members(comp, context, arm)
                 done = [r for r in members if status[r] == M.STATUS_COMPLETED]
-                curves = [ema(_curve(rs, r, metric), smoothing) for r in done]
-                band = _mean_band(curves)
+                band = _mean_band([ema(series(r), smoothing) for r in done])
                 if band is not None:
                     steps, mean, low, high = band
-                    ax.plot(steps, mean, color=colors[arm], lw=1.6)
+                    x, y = _thin(steps.to_numpy(), mean)
+                    ax.plot(x, y, color=colors[arm], lw=1.6)
                     if len(done) > 1:
-                        ax.fill_between(steps, low, high, color=colors[arm], alpha=0.18, lw=0)
+                        xb, lo = _thin(steps.to_numpy(), low)
+                        ax.fill_between(xb, lo, _thin(steps.to_numpy(), high)[1], color=colors[arm],
+                                        alpha=0.18, lw=0)  # fmt: skip
                     ylims += [float(np.nanmin(low)), float(np.nanmax(high))]
                     drawn = True
                 for r in members:
                     if status[r] == M.STATUS_COMPLETED:
                         continue
-                    c = ema(_curve(rs, r, metric), smoothing)
+                    c = ema(series(r), smoothing)
                     if len(c):
-                        ax.plot(c.index, c.to_numpy(), color=colors[arm], lw=1.0, ls="--", alpha=0.8)
+                        ax.plot(*_thin(c.index.to_numpy(), c.to_numpy()), color=colors[arm], lw=1.0, ls="--",
+                                alpha=0.8)  # fmt: skip
                         if status[r] == M.STATUS_DIVERGED:
                             ax.plot(c.index[-1], c.iloc[-1], marker="X", color=colors[arm], ms=7)
                         else:
                             ylims += [float(c.min()), float(c.max())]
                         drawn = True
-            if ylims:  # scale without diverged runs, so a blow-up cannot flatten every other curve
+            if ylims:
                 lo, hi = min(ylims), max(ylims)
-                pad = 0.05 * (hi - lo or abs(hi) or 1.0)
-                ax.set_ylim(lo - pad, hi + pad)
-            ax.set_title(_text(context), fontsize=9)
-            ax.set_xlabel("step", fontsize=8)
-            ax.set_ylabel(metric + (f" (EMA {smoothing:g})" if smoothing else ""), fontsize=8)
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
-        for ax in axes[len(contexts) :]:
-            ax.set_visible(False)
+                if log_y and lo > 0:
+                    ax.set_yscale("log")
+                    ax.set_ylim(lo / 1.1, hi * 1.1)
+                    _plain_log_ticks(ax)
+                else:
+                    pad = 0.05 * (hi - lo or abs(hi) or 1.0)
+                    ax.set_ylim(lo - pad, hi + pad)
+            _style(ax, context, "step", ylabel)
         if not drawn:
             continue
-        _legend(
-            fig,
-            comp,
-            [
-                Line2D(
-                    [], [], color="0.3", lw=1.6, label="mean of completed runs; band = min–max over seeds"
-                ),
-                Line2D([], [], color="0.3", lw=1.0, ls="--", label="not completed (not in mean)"),
-                Line2D([], [], color="0.3", marker="X", ls="", label="diverged"),
-            ],
-        )
-        title = f"{metric} by {comp.axis.name}" + (
-            f" ({page}/{len(_pages(comp))})" if len(_pages(comp)) > 1 else ""
-        )
+        _legend(fig, comp.arms, extra)
+        title = _title(label, comp, page, len(pages))
         fig.suptitle(_text(title, 90), fontsize=11)
-        caption = (
-            f"{metric} per arm of {comp.axis.name}, one panel per context. "
-            "Solid line: mean over completed runs "
-            f"at the steps all of them logged; band: min–max over seeds"
+        text = (
+            caption
+            + " Solid line: mean over completed runs at the steps all of them logged; band: min–max over seeds"
             + (f"; each run EMA-smoothed (β={smoothing:g}) first" if smoothing else "")
             + "."
             + _not_completed_note(rs, comp, contexts)
+            + (_omitted_note(comp, max_pages) if page == len(pages) else "")
         )
-        out.append(PlotFigure(f"{slug(comp.axis.name)}_{kind}_{page}", title, caption, _png(fig)))
+        out.append(PlotFigure(f"{slug(comp.axis.name)}_{kind}_{page}", title, text, _png(fig)))
     return out
 
 
-def grad_norm_figures(rs: RunSet, comp: Comparison) -> list[PlotFigure]:
+def _has(rs: RunSet, comp: Comparison, metric: str) -> bool:
+    return any(len(_curve(rs, r, metric)) for r in comp.assignment)
+
+
+def loss_figures(
+    rs: RunSet, comp: Comparison, metric: str = M.VAL_LOSS, smoothing: float = 0.0, max_pages: int | None = None
+) -> list[PlotFigure]:
+    """Loss (or any logged metric) per arm, one panel per context: see :func:`curve_figures`."""
+    kind = "val-loss" if metric == M.VAL_LOSS else "train-loss" if metric == M.TRAIN_LOSS else slug(metric)
+    return curve_figures(
+        rs, comp, lambda r: _curve(rs, r, metric), label=metric, kind=kind, smoothing=smoothing,
+        caption=f"{metric} per arm of {comp.axis.name}, one panel per context.", max_pages=max_pages,
+    )  # fmt: skip
+
+
+def attention_logit_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None) -> list[PlotFigure]:
+    """Max pre-softmax attention logit (max over layers) over training. Growing attention logits are the
+    instability QK-norm was introduced against (Dehghani et al. 2023; Wortsman et al. 2023)."""
+    if not _has(rs, comp, MAX_ATTN_LOGIT_ALL):
+        return []
+    return curve_figures(
+        rs, comp, lambda r: _curve(rs, r, MAX_ATTN_LOGIT_ALL), label="max attention logit", kind="attn-logit",
+        caption=(f"Largest pre-softmax attention logit over all layers at each probe step, per arm of "
+                 f"{comp.axis.name} (log scale); logits that keep growing precede attention-entropy "
+                 "collapse and loss spikes."),
+        log_y=True, max_pages=max_pages,
+    )  # fmt: skip
+
+
+def logit_growth_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None) -> list[PlotFigure]:
+    """Output-logit growth: ``logits/max_abs`` when logged, else ``logits/mean_log_z`` (the quantity
+    z-loss pushes to 0; PaLM)."""
+    metric = next((m for m in (M.LOGITS_MAX_ABS, M.LOGITS_MEAN_LOG_Z) if _has(rs, comp, m)), None)
+    if metric is None:
+        return []
+    what = "largest |output logit|" if metric == M.LOGITS_MAX_ABS else "mean log-partition log Z"
+    return curve_figures(
+        rs, comp, lambda r: _curve(rs, r, metric), label=metric, kind="logit-growth",
+        caption=(f"Output-logit growth: {metric} ({what}) on the probe batch, per arm of {comp.axis.name}; "
+                 "output logits that drift upwards are the divergence z-loss guards against."),
+        max_pages=max_pages,
+    )  # fmt: skip
+
+
+def grad_norm_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None) -> list[PlotFigure]:
     """Gradient norm of every run (log scale), spikes marked, one panel per context.
 
     Runs are drawn individually rather than averaged: a spike is an event of one run, and a mean over seeds
@@ -219,21 +340,27 @@ def grad_norm_figures(rs: RunSet, comp: Comparison) -> list[PlotFigure]:
     """
     status = _statuses(rs)
     colors = {arm: COLORS[i % len(COLORS)] for i, arm in enumerate(comp.arms)}
+    pages = _pages(comp, max_pages)
+    extra = [
+        Line2D([], [], color="0.3", lw=0.8, label="one line per run"),
+        Line2D([], [], color="0.3", lw=0.8, ls="--", label="not completed"),
+        Line2D([], [], color="0.3", ls="", marker="^", mfc="none", label=f"spike ({M.SPIKE_GRAD_NORM}=1)"),
+        Line2D([], [], color="0.3", marker="X", ls="", label="diverged"),
+    ]
     out = []
-    for page, contexts in enumerate(_pages(comp), 1):
-        rows, cols = _grid(len(contexts))
-        fig = Figure(figsize=(4.6 * cols, 3.4 * rows + 0.8), layout="constrained")
-        axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for page, contexts in enumerate(pages, 1):
+        fig, axes = _panels(len(contexts), _legend_rows(len(comp.arms) + len(extra)))
         drawn = False
         for ax, context in zip(axes, contexts):
             for arm in comp.arms:
-                for r in (r for r, key in comp.assignment.items() if key == (context, arm)):
+                for r in _members(comp, context, arm):
                     g = _curve(rs, r, M.GRAD_NORM)
                     g = g[np.isfinite(g) & (g > 0)]
                     if g.empty:
                         continue
                     ls = "-" if status[r] == M.STATUS_COMPLETED else "--"
-                    ax.plot(g.index, g.to_numpy(), color=colors[arm], lw=0.8, ls=ls, alpha=0.75)
+                    ax.plot(*_thin(g.index.to_numpy(), g.to_numpy()), color=colors[arm], lw=0.8, ls=ls,
+                            alpha=0.75)  # fmt: skip
                     flags = _curve(rs, r, M.SPIKE_GRAD_NORM)
                     spikes = g[g.index.isin(flags.index[flags == 1])]
                     if len(spikes):
@@ -243,52 +370,260 @@ def grad_norm_figures(rs: RunSet, comp: Comparison) -> list[PlotFigure]:
                         ax.plot(g.index[-1], g.iloc[-1], marker="X", color=colors[arm], ms=7)
                     drawn = True
             ax.set_yscale("log")
-            for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-                axis(
-                    LogFormatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.5))
-                )  # "6", not mathtext "6×10⁰"
-            ax.set_title(_text(context), fontsize=9)
-            ax.set_xlabel("step", fontsize=8)
-            ax.set_ylabel(f"{M.GRAD_NORM} (log)", fontsize=8)
-            ax.tick_params(which="both", labelsize=7)
-            ax.grid(alpha=0.3, which="both")
-        for ax in axes[len(contexts) :]:
-            ax.set_visible(False)
+            _plain_log_ticks(ax)
+            _style(ax, context, "step", f"{M.GRAD_NORM} (log)")
         if not drawn:
             continue
-        _legend(
-            fig,
-            comp,
-            [
-                Line2D([], [], color="0.3", lw=0.8, label="one line per run"),
-                Line2D([], [], color="0.3", lw=0.8, ls="--", label="not completed"),
-                Line2D(
-                    [], [], color="0.3", ls="", marker="^", mfc="none", label=f"spike ({M.SPIKE_GRAD_NORM}=1)"
-                ),
-                Line2D([], [], color="0.3", marker="X", ls="", label="diverged"),
-            ],
-        )
-        title = f"{M.GRAD_NORM} by {comp.axis.name}" + (
-            f" ({page}/{len(_pages(comp))})" if len(_pages(comp)) > 1 else ""
-        )
+        _legend(fig, comp.arms, extra)
+        title = _title(M.GRAD_NORM, comp, page, len(pages))
         fig.suptitle(_text(title, 90), fontsize=11)
         caption = (
             "Gradient norm before clipping, every run drawn on its own (log scale); "
             "triangles mark steps the "
             f"spike detector flagged. One panel per context of {comp.axis.name}."
             + _not_completed_note(rs, comp, contexts, averaged=False)
+            + (_omitted_note(comp, max_pages) if page == len(pages) else "")
         )
         out.append(PlotFigure(f"{slug(comp.axis.name)}_grad-norm_{page}", title, caption, _png(fig)))
     return out
 
 
-def comparison_figures(rs: RunSet, comp: Comparison, smoothing: float = 0.9) -> list[PlotFigure]:
-    """All figures for one comparison: validation loss, EMA-smoothed training loss, gradient norm."""
-    return (
-        loss_figures(rs, comp, M.VAL_LOSS)
-        + loss_figures(rs, comp, M.TRAIN_LOSS, smoothing=smoothing)
-        + grad_norm_figures(rs, comp)
-    )
+# --- profiles at one moment: per-layer gradients at init, loss against context length -------------------
+def _profile_figures(
+    rs: RunSet,
+    comp: Comparison,
+    values: Callable[[str], pd.Series],
+    runs_for: Callable[[str], bool],
+    *,
+    what: str,
+    kind: str,
+    xlabel: str,
+    ylabel: str,
+    caption: str,
+    log_x: bool = False,
+    log_y: bool = False,
+    max_pages: int | None = None,
+) -> list[PlotFigure]:
+    """One line per arm through x → mean over runs (error bars: 95% t-interval when there are 2+ runs),
+    one panel per context. ``values`` gives a run's y by x; ``runs_for`` says which runs enter the mean."""
+    status = _statuses(rs)
+    colors = {arm: COLORS[i % len(COLORS)] for i, arm in enumerate(comp.arms)}
+    pages = _pages(comp, max_pages)
+    extra = [Line2D([], [], color="0.3", marker="o", label="mean over runs; bars: 95% CI")]
+    out = []
+    for page, contexts in enumerate(pages, 1):
+        fig, axes = _panels(len(contexts), _legend_rows(len(comp.arms) + 1))
+        drawn = False
+        for ax, context in zip(axes, contexts):
+            xs_all: set[float] = set()
+            for i, arm in enumerate(comp.arms):
+                runs = [r for r in _members(comp, context, arm) if runs_for(status[r])]
+                table = pd.concat([values(r) for r in runs], axis=1) if runs else pd.DataFrame()
+                if table.empty:
+                    continue
+                stats = [mean_ci(table.loc[x].tolist()) for x in table.index]
+                x = table.index.to_numpy(dtype=float)
+                mean = np.array([s[0] for s in stats])
+                lo = np.array([s[1] for s in stats])
+                hi = np.array([s[2] for s in stats])
+                ok = np.isfinite(mean)
+                if not ok.any():
+                    continue
+                err = np.vstack([mean - lo, hi - mean])
+                err = np.where(np.isfinite(err), err, 0.0)
+                ax.errorbar(x[ok], mean[ok], yerr=err[:, ok], color=colors[arm], marker=MARKERS[i % 9], ms=4,
+                            lw=1.4, capsize=2.5)  # fmt: skip
+                xs_all |= set(x[ok].tolist())
+                drawn = True
+            if log_x:
+                ax.set_xscale("log", base=2)
+            if log_y:
+                ax.set_yscale("log")
+                _plain_log_ticks(ax)
+            if xs_all:
+                ticks = sorted(xs_all)
+                ax.xaxis.set_major_locator(FixedLocator(ticks))
+                ax.xaxis.set_minor_locator(NullLocator())
+                ax.set_xticklabels([_tick(t, kind) for t in ticks])
+            _style(ax, context, xlabel, ylabel)
+        if not drawn:
+            continue
+        _legend(fig, comp.arms, extra)
+        title = _title(what, comp, page, len(pages))
+        fig.suptitle(_text(title, 90), fontsize=11)
+        text = caption + (_omitted_note(comp, max_pages) if page == len(pages) else "")
+        out.append(PlotFigure(f"{slug(comp.axis.name)}_{kind}_{page}", title, text, _png(fig)))
+    return out
+
+
+def _tick(x: float, kind: str) -> str:
+    text = f"{x:g}"
+    return text + "×" if kind == "extrapolation" else text
+
+
+def _layer_columns(rs: RunSet) -> dict[str, int]:
+    """run-table column -> layer index, for the first probe's per-layer gradient norms."""
+    out = {}
+    for col in rs.runs.columns:
+        if col.startswith(FIRST_PROBE_PREFIX) and (m := LAYER_KEY.match(col[len(FIRST_PROBE_PREFIX) :])):
+            if m.group(2) == M.GRAD_NORM_LAYER:
+                out[col] = int(m.group(1))
+    return out
+
+
+def init_grad_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None) -> list[PlotFigure]:
+    """Per-layer gradient norm at initialisation (the first probe row), layer index on x.
+
+    Xiong et al. (2020): with post-norm the gradient norm near the output grows with depth at initialisation
+    (hence warm-up), with pre-norm it stays flat. Every run counts, diverged ones included: at the first probe
+    none has diverged yet.
+    """
+    cols = _layer_columns(rs)
+    if not cols:
+        return []
+    table = rs.runs.set_index("run_id")[list(cols)].rename(columns=cols)
+    table = table.apply(pd.to_numeric, errors="coerce")
+    if not table.notna().to_numpy().any():
+        return []
+    table = table[sorted(table.columns)]
+
+    def values(r: str) -> pd.Series:
+        return table.loc[r].dropna().rename(r)
+
+    steps = pd.to_numeric(rs.runs.get("first_probe_step", pd.Series(dtype=float)), errors="coerce").dropna()
+    at = f" (step {int(steps.min())})" if len(steps) and steps.min() == steps.max() else ""
+    return _profile_figures(
+        rs, comp, values, lambda status: True, what="per-layer grad norm at init", kind="init-grad-norm",
+        xlabel="layer", ylabel="grad norm at first probe (log)", log_y=True, max_pages=max_pages,
+        caption=(f"Gradient norm of each block at the first probe row{at}, before any update has had much "
+                 f"effect, per arm of {comp.axis.name}; mean over all runs with 95% CI bars. Post-norm "
+                 "blocks are expected to show gradients growing towards the output layers (Xiong et al. "
+                 "2020), pre-norm blocks a flat profile."),
+    )  # fmt: skip
+
+
+def extrapolation_columns(rs: RunSet) -> dict[str, float]:
+    """run-table column -> k, for every ``val/loss@<k>x`` column."""
+    return {c: float(m.group(1)) for c in rs.runs.columns if (m := EXTRAPOLATION_KEY.match(str(c)))}
+
+
+def extrapolation_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None) -> list[PlotFigure]:
+    """Validation loss against evaluation context length (k × the training context), per arm.
+
+    Values come from the final metrics row's ``val/loss@<k>x`` keys; the training context (k = 1) is the
+    final val loss unless a ``val/loss@1x`` key exists. Completed runs only.
+    """
+    cols = extrapolation_columns(rs)
+    if not cols:
+        return []
+    table = rs.runs.set_index("run_id")[list(cols)].rename(columns=cols).apply(pd.to_numeric, errors="coerce")
+    if not table.notna().to_numpy().any():
+        return []
+    if 1.0 not in table.columns:
+        base = pd.to_numeric(rs.runs.set_index("run_id")[M.FINAL_VAL_LOSS], errors="coerce")
+        table[1.0] = base.where(table.notna().any(axis=1))
+    table = table[sorted(table.columns)]
+
+    def values(r: str) -> pd.Series:
+        return table.loc[r].dropna().rename(r)
+
+    return _profile_figures(
+        rs, comp, values, lambda status: status == M.STATUS_COMPLETED, what="length extrapolation",
+        kind="extrapolation", xlabel="evaluation context / training context (k)", ylabel="val loss",
+        log_x=True, max_pages=max_pages,
+        caption=(f"Validation loss at k times the training context (val/loss@<k>x, from each run's final "
+                 f"metrics row; k=1: final val loss), per arm of {comp.axis.name}; mean over completed runs "
+                 "with 95% CI bars. A flat curve extrapolates; a rising one does not."),
+    )  # fmt: skip
+
+
+# --- learning-rate sweep --------------------------------------------------------------------------------
+LINES_PER_PANEL = 8
+
+
+def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]:
+    """Final val loss against learning rate (log x), one line per arm: mean over completed runs with 95% CI
+    bars, the best LR circled, and an X along the top of the panel at every LR where a run diverged."""
+    points = sweep.points
+    if points.empty:
+        return []
+    groups = [sweep.contexts[i : i + LINES_PER_PANEL] for i in range(0, len(sweep.contexts), LINES_PER_PANEL)]
+    pages = [groups[i : i + MAX_PANELS] for i in range(0, len(groups), MAX_PANELS)]
+    pages = pages[:max_pages] if max_pages else pages
+    best = sweep.best.set_index("context")
+    final = M.FINAL_VAL_LOSS
+    out = []
+    for page, panels in enumerate(pages, 1):
+        labels = [c for group in panels for c in group]
+        fig, axes = _panels(len(panels), _legend_rows(len(labels) + 3))
+        for ax, group in zip(axes, panels):
+            trans = blended_transform_factory(ax.transData, ax.transAxes)
+            for i, context in enumerate(group):
+                color, marker = COLORS[labels.index(context) % len(COLORS)], MARKERS[i % len(MARKERS)]
+                pts = points[points["context"] == context].sort_values("lr")
+                ok = np.isfinite(pts[f"{final}_mean"].to_numpy(dtype=float))
+                sel = pts[ok]
+                if len(sel):
+                    mean = sel[f"{final}_mean"].to_numpy(dtype=float)
+                    err = np.vstack([mean - sel[f"{final}_ci_low"], sel[f"{final}_ci_high"] - mean])
+                    err = np.where(np.isfinite(err), err, 0.0)
+                    ax.errorbar(sel["lr"], mean, yerr=err, color=color, marker=marker, ms=4, lw=1.4, capsize=2.5)
+                b = best.loc[context]
+                if np.isfinite(b["best_lr"]):
+                    ax.plot(b["best_lr"], b[f"{final}_mean"], marker="o", ms=12, mfc="none", mec=color, mew=1.5)
+                div = pts[pts["n_diverged"] > 0]
+                if len(div):
+                    ax.plot(div["lr"], [0.97 - 0.04 * i] * len(div), ls="", marker="X", ms=7, color=color,
+                            transform=trans, clip_on=False)  # fmt: skip
+            ax.set_xscale("log")
+            _style(ax, "", sweep.axis.name + " (log)", f"final {M.VAL_LOSS}")
+        _legend(
+            fig,
+            labels,
+            [
+                Line2D([], [], color="0.3", marker="o", label="mean of completed runs; bars: 95% CI"),
+                Line2D([], [], color="0.3", marker="o", ms=10, mfc="none", ls="", label="best LR of the arm"),
+                Line2D([], [], color="0.3", marker="X", ls="", label="a run diverged at this LR"),
+            ],
+        )
+        title = f"final {M.VAL_LOSS} vs {sweep.axis.name}" + (f" ({page}/{len(pages)})" if len(pages) > 1 else "")
+        fig.suptitle(_text(title, 90), fontsize=11)
+        caption = (
+            f"Final validation loss against {sweep.axis.name} (log scale), one line per arm (the values of the "
+            "other varied axes): mean over completed runs with 95% Student-t bars (none with one seed). The "
+            "circle marks each arm's best LR; an X along the top marks an LR at which a run of that arm "
+            "diverged (a diverged run has no final loss to plot)."
+        )
+        out.append(PlotFigure(f"{slug(sweep.axis.name)}_lr-sweep_{page}", title, caption, _png(fig)))
+    return out
+
+
+# --- all figures of one comparison ----------------------------------------------------------------------
+FigureJob = Callable[[], list[PlotFigure]]
+
+
+def comparison_figure_jobs(
+    rs: RunSet, comp: Comparison, smoothing: float = 0.9, max_pages: int | None = None
+) -> list[FigureJob]:
+    """The figures of one comparison as separate jobs, so a report can draw them in parallel: validation
+    loss, smoothed training loss, gradient norm, then (where logged) per-layer gradients at init, attention
+    logits, output-logit growth and length extrapolation."""
+    return [
+        lambda: loss_figures(rs, comp, M.VAL_LOSS, max_pages=max_pages),
+        lambda: loss_figures(rs, comp, M.TRAIN_LOSS, smoothing=smoothing, max_pages=max_pages),
+        lambda: grad_norm_figures(rs, comp, max_pages=max_pages),
+        lambda: init_grad_figures(rs, comp, max_pages=max_pages),
+        lambda: attention_logit_figures(rs, comp, max_pages=max_pages),
+        lambda: logit_growth_figures(rs, comp, max_pages=max_pages),
+        lambda: extrapolation_figures(rs, comp, max_pages=max_pages),
+    ]
+
+
+def comparison_figures(
+    rs: RunSet, comp: Comparison, smoothing: float = 0.9, max_pages: int | None = None
+) -> list[PlotFigure]:
+    """All figures for one comparison (see :func:`comparison_figure_jobs`), drawn here."""
+    return [fig for job in comparison_figure_jobs(rs, comp, smoothing, max_pages) for fig in job()]
 
 
 def save_figures(figures: list[PlotFigure], out_dir: str | Path) -> list[Path]:

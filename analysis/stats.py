@@ -2,7 +2,10 @@
 
 Ablations usually run 2-5 seeds per arm, so intervals use Student's t rather than a normal approximation
 (which would be far too narrow at n=3), and arm-vs-baseline tests use Welch's t-test, which does not assume
-the two arms have equal seed-to-seed variance (a less stable arm typically has a larger one).
+the two arms have equal seed-to-seed variance (a less stable arm typically has a larger one). When both arms
+ran the same seeds, a seed fixes the data order (and, for arms with the same shapes, the initialisation), so
+the arms' losses are correlated seed by seed; the paired t-test on per-seed differences then removes that
+shared variance and can detect a smaller effect with the same runs.
 """
 
 from __future__ import annotations
@@ -63,3 +66,33 @@ def welch(
     dof = (va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1))
     half = float(stats.t.ppf(0.5 + confidence / 2, dof) * se)
     return delta, delta - half, delta + half, float(res.pvalue)
+
+
+def paired(
+    a: Iterable[float], b: Iterable[float], confidence: float = 0.95
+) -> tuple[float, float, float, float, int]:
+    """(mean(a_i - b_i), ci_low, ci_high, two-sided p, n pairs) by the paired t-test.
+
+    ``a`` and ``b`` are aligned (the i-th of each comes from the same seed); a pair with a non-finite value
+    is dropped. The interval is mean(d) ± t_{(1+c)/2, n-1} · sd(d)/√n, and p is
+    ``scipy.stats.ttest_rel``'s, so they agree. Needs 2 pairs, else CI and p are NaN; when every difference
+    is the same the interval collapses and p is 1 if it is 0, else 0 (as in :func:`welch`).
+    """
+    xa = np.asarray([float(v) if v is not None else math.nan for v in a], dtype=float)
+    xb = np.asarray([float(v) if v is not None else math.nan for v in b], dtype=float)
+    if xa.shape != xb.shape:
+        raise ValueError(f"paired samples differ in length: {len(xa)} vs {len(xb)}")
+    ok = np.isfinite(xa) & np.isfinite(xb)
+    d = xa[ok] - xb[ok]
+    n = len(d)
+    if n == 0:
+        return math.nan, math.nan, math.nan, math.nan, 0
+    delta = float(d.mean())
+    if n < 2:
+        return delta, math.nan, math.nan, math.nan, n
+    se = float(d.std(ddof=1)) / math.sqrt(n)
+    if se == 0:
+        return delta, delta, delta, 1.0 if delta == 0 else 0.0, n
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * se)
+    p = float(stats.ttest_rel(xa[ok], xb[ok]).pvalue)
+    return delta, delta - half, delta + half, p, n

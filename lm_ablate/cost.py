@@ -53,7 +53,8 @@ def compose_error_message(err: BaseException) -> str | None:
             parent = key.rpartition(".")[0]
             node = OmegaConf.select(OmegaConf.structured(Config), parent) if parent else OmegaConf.structured(Config)
             keys = ", ".join(str(k) for k in node) if isinstance(node, DictConfig) else "see --cfg job"
-            return f"{typed.group(1) if typed else key} is invalid: unknown key; keys of {parent or 'the config'}: {keys}"
+            shown = typed.group(1) if typed else key
+            return f"{shown} is invalid: unknown key; keys of {parent or 'the config'}: {keys}"
         why = _first(cause.msg or str(cause))
         kind = re.search(r"could not be converted to (\w+)", why)
         if kind:

@@ -11,6 +11,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from lm_ablate.config import CONF_DIR, ConfigError, compose, validate
+from lm_ablate.model import TransformerLM
 from lm_ablate.registry import REGISTRIES, load_all
 
 load_all()
@@ -94,3 +95,17 @@ def test_odd_rope_head_dim_is_rejected():
     cfg = compose(["position=rope", "model.d_model=36", "model.n_heads=4"])
     with pytest.raises(ConfigError, match="model.head_dim"):
         validate(cfg)
+
+
+def test_cost_command_prints_params_and_flops():
+    from lm_ablate.cost import describe
+    from lm_ablate.model import model_cost
+
+    text = describe(["arch=llama", "model=tiny"])
+    cfg = compose(["arch=llama", "model=tiny"])
+    cost = model_cost(TransformerLM(cfg, 256), cfg)
+    assert f"{cost.params_total:,}" in text and f"{cost.params_non_embedding:,}" in text
+    assert f"{cost.flops_per_token:,.0f}" in text
+    # independent count for the tiny llama: FLOPs/token = 6 N_matmul + 12 L H hd T, N_matmul = non-embedding
+    m = cfg.model
+    assert cost.flops_per_token == 6 * cost.params_non_embedding + 12 * m.n_layers * m.n_heads * (m.d_model // m.n_heads) * m.context
