@@ -41,6 +41,9 @@ ALL_RUNS = "all runs"  # context label when there is no other varied axis
 AGGREGATED = (
     M.FINAL_VAL_LOSS, M.BEST_VAL_LOSS, M.GRAD_NORM_SPIKES, M.LOSS_SPIKES, M.MEAN_TOKENS_PER_SEC, M.MEAN_MFU,
 )  # fmt: skip
+ROW_COLUMNS = (
+    "run_id", M.STATUS, M.SEED, *AGGREGATED, M.PARAMS_TOTAL, M.PARAMS_NON_EMBEDDING, M.STEPS,
+)  # what _arm_row reads  # fmt: skip
 LR_KEY = "optim.lr"
 TEST_PAIRED = "paired"  # the `test` column: which test gave delta, its interval and p
 TEST_WELCH = "welch"
@@ -282,100 +285,109 @@ def _compare_axis(
     members: dict[tuple[str, str], list[str]] = {}
     for r in run_ids:
         members.setdefault(assignment[r], []).append(r)
-    runs = rs.runs.set_index("run_id", drop=False)
+    records = {r["run_id"]: r for r in rs.runs[list(ROW_COLUMNS)].to_dict("records")}
     rows = []
     for context in contexts:
         base_ids = members.get((context, baseline), [])
-        base_runs = runs.loc[base_ids] if base_ids else None
+        base_runs = [records[r] for r in base_ids] if base_ids else None
         for arm in arms:
             if (context, arm) in members:
-                df = runs.loc[members[(context, arm)]]
-                rows.append(_arm_row(axis, context, arm, arm == baseline, df, base_runs))
+                runs = [records[r] for r in members[(context, arm)]]
+                rows.append(_arm_row(axis, context, arm, arm == baseline, runs, base_runs))
     table = pd.DataFrame(rows)
     return Comparison(axis, arms, baseline, contexts, table, assignment)
 
 
-def _completed(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df[M.STATUS] == M.STATUS_COMPLETED]
+Run = dict[str, Any]  # one row of the runs table, narrowed to ROW_COLUMNS (plain dicts: pandas slicing of a
+# wide table per arm cost seconds on a thousand runs)
 
 
-def _seeds(df: pd.DataFrame) -> pd.Series | None:
+def _num(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out
+
+
+def _completed(runs: list[Run]) -> list[Run]:
+    return [r for r in runs if r[M.STATUS] == M.STATUS_COMPLETED]
+
+
+def _seeds(runs: list[Run]) -> dict[float, float] | None:
     """Final val loss by seed, or None when a seed is unknown or repeated (then runs cannot be paired)."""
-    seeds = pd.to_numeric(df[M.SEED], errors="coerce")
-    if seeds.isna().any() or seeds.duplicated().any():
+    seeds = [_num(r[M.SEED]) for r in runs]
+    if any(not math.isfinite(s) for s in seeds) or len(set(seeds)) < len(seeds):
         return None
-    return pd.Series(df[M.FINAL_VAL_LOSS].to_numpy(dtype=float), index=seeds.to_numpy())
+    return {s: _num(r[M.FINAL_VAL_LOSS]) for s, r in zip(seeds, runs)}
 
 
-def compare_to_baseline(arm: pd.DataFrame, base: pd.DataFrame) -> dict[str, Any]:
-    """Δ final val loss (arm - baseline) over completed runs: the paired t-test on the seeds both ran when they
-    share at least two (seeds that only one arm ran are left out of it), else Welch's t-test."""
+def compare_to_baseline(arm: list[Run], base: list[Run]) -> dict[str, Any]:
+    """Δ final val loss (arm - baseline) over the completed runs given: the paired t-test on the seeds both
+    ran when they share at least two (seeds that only one arm ran are left out of it), else Welch's t-test."""
     a, b = _seeds(arm), _seeds(base)
-    shared = sorted(set(a.index) & set(b.index)) if a is not None and b is not None else []
+    shared = sorted(set(a) & set(b)) if a is not None and b is not None else []
     if len(shared) >= 2:
-        delta, low, high, p, n = paired(a.loc[shared].tolist(), b.loc[shared].tolist())
+        delta, low, high, p, n = paired([a[s] for s in shared], [b[s] for s in shared])  # type: ignore[index]
         if n >= 2:
             return {"delta_final_val_loss": delta, "delta_ci_low": low, "delta_ci_high": high,
                     "p_value": p, "test": TEST_PAIRED, "n_pairs": n}  # fmt: skip
-    delta, low, high, p = welch(arm[M.FINAL_VAL_LOSS].tolist(), base[M.FINAL_VAL_LOSS].tolist())
+    delta, low, high, p = welch([_num(r[M.FINAL_VAL_LOSS]) for r in arm], [_num(r[M.FINAL_VAL_LOSS]) for r in base])
     return {"delta_final_val_loss": delta, "delta_ci_low": low, "delta_ci_high": high, "p_value": p,
             "test": TEST_WELCH if math.isfinite(p) else "", "n_pairs": 0}  # fmt: skip
 
 
-def spike_rate(df: pd.DataFrame, count_key: str) -> float:
+def spike_rate(runs: list[Run], count_key: str) -> float:
     """Spikes per 1000 steps, pooled over the runs given (total spikes / total steps)."""
-    counts = pd.to_numeric(df[count_key], errors="coerce").to_numpy(dtype=float)
-    steps = pd.to_numeric(df[M.STEPS], errors="coerce").to_numpy(dtype=float)
-    ok = np.isfinite(counts) & np.isfinite(steps) & (steps > 0)
-    return float(1000 * counts[ok].sum() / steps[ok].sum()) if ok.any() else math.nan
+    pairs = [(_num(r[count_key]), _num(r[M.STEPS])) for r in runs]
+    pairs = [(c, s) for c, s in pairs if math.isfinite(c) and math.isfinite(s) and s > 0]
+    return 1000 * sum(c for c, _ in pairs) / sum(s for _, s in pairs) if pairs else math.nan
 
 
 def _arm_row(
-    axis: Axis, context: str, arm: str, is_baseline: bool, df: pd.DataFrame, base: pd.DataFrame | None
+    axis: Axis, context: str, arm: str, is_baseline: bool, runs: list[Run], base: list[Run] | None
 ) -> dict[str, Any]:
-    done = _completed(df)
-    diverged = df[df[M.STATUS] == M.STATUS_DIVERGED]
-    other = df[~df[M.STATUS].isin([M.STATUS_COMPLETED, M.STATUS_DIVERGED])]
+    done = _completed(runs)
+    diverged = [r for r in runs if r[M.STATUS] == M.STATUS_DIVERGED]
+    other = [r for r in runs if r[M.STATUS] not in (M.STATUS_COMPLETED, M.STATUS_DIVERGED)]
     row: dict[str, Any] = {
         "axis": axis.name,
         "context": context,
         "arm": arm,
         "is_baseline": is_baseline,
-        "n_runs": len(df),
+        "n_runs": len(runs),
         "n_completed": len(done),
         "n_diverged": len(diverged),
         "n_other": len(other),
     }
     for metric in AGGREGATED:
-        mean, low, high, n = mean_ci(done[metric].tolist())
+        mean, low, high, n = mean_ci([_num(r[metric]) for r in done])
         row.update(
             {f"{metric}_mean": mean, f"{metric}_ci_low": low, f"{metric}_ci_high": high, f"{metric}_n": n}
         )
-    for metric in (M.PARAMS_TOTAL, M.PARAMS_NON_EMBEDDING):
-        vals = pd.to_numeric(df[metric], errors="coerce").dropna()
-        row[metric] = (
-            float(vals.median()) if len(vals) else math.nan
-        )  # same model in every seed: any run says
-    ended = df[df[M.STATUS].isin([M.STATUS_COMPLETED, M.STATUS_DIVERGED])]
+    for metric in (M.PARAMS_TOTAL, M.PARAMS_NON_EMBEDDING):  # same model in every seed: any run says
+        vals = [v for v in (_num(r[metric]) for r in runs) if math.isfinite(v)]
+        row[metric] = float(np.median(vals)) if vals else math.nan
+    ended = done + diverged
     row["grad_norm_spikes_per_1k_steps"] = spike_rate(ended, M.GRAD_NORM_SPIKES)
     row["loss_spikes_per_1k_steps"] = spike_rate(ended, M.LOSS_SPIKES)
-    row["divergence_rate"] = len(diverged) / len(df) if len(df) else math.nan
+    row["divergence_rate"] = len(diverged) / len(runs) if runs else math.nan
     test: dict[str, Any] = {"delta_final_val_loss": math.nan, "delta_ci_low": math.nan,
                             "delta_ci_high": math.nan, "p_value": math.nan, "test": "", "n_pairs": 0}  # fmt: skip
     ratio = math.nan
     if base is not None and not is_baseline:
         base_done = _completed(base)
         test = compare_to_baseline(done, base_done)
-        base_tps = mean_ci(base_done[M.MEAN_TOKENS_PER_SEC].tolist())[0]
+        base_tps = mean_ci([_num(r[M.MEAN_TOKENS_PER_SEC]) for r in base_done])[0]
         if base_tps and np.isfinite(base_tps):
             ratio = row[f"{M.MEAN_TOKENS_PER_SEC}_mean"] / base_tps
     row.update(test)
     row.update(
         {
             "tokens_per_sec_ratio": ratio,
-            "diverged_runs": " ".join(diverged["run_id"]),
-            "other_runs": " ".join(f"{r}({s})" for r, s in zip(other["run_id"], other[M.STATUS])),
-            "run_ids": " ".join(df["run_id"]),
+            "diverged_runs": " ".join(r["run_id"] for r in diverged),
+            "other_runs": " ".join(f"{r['run_id']}({r[M.STATUS]})" for r in other),
+            "run_ids": " ".join(r["run_id"] for r in runs),
         }
     )
     return row
@@ -388,6 +400,7 @@ class LRSweep:
 
     ``points``: one row per (context, lr). ``best``: one row per context with the best learning rate and the
     learning-rate sensitivity. ``assignment``: run_id -> (context, lr as written) for the runs used.
+    ``others``: the other varied axes; ``context_values``: context -> {other axis: value as written}.
     """
 
     axis: Axis
@@ -396,6 +409,8 @@ class LRSweep:
     points: pd.DataFrame
     best: pd.DataFrame
     assignment: dict[str, tuple[str, str]]
+    others: list[str] = field(default_factory=list)
+    context_values: dict[str, dict[str, str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -443,7 +458,10 @@ def lr_sweep(rs: RunSet, key: str = LR_KEY) -> LRSweep | None:
         rows = [row for row in rows if row["n_runs"]]
         points += rows
         best.append(_lr_best(context, rows, arm_init_mean))
-    return LRSweep(axis, contexts, lrs, pd.DataFrame(points), pd.DataFrame(best), assignment, notes)
+    others = [a.name for a in _other_axes(axis, axes)]
+    values = {assignment[r][0]: {a: fmt_value(rs.configs[r][a]) for a in others} for r in run_ids}
+    return LRSweep(axis, contexts, lrs, pd.DataFrame(points), pd.DataFrame(best), assignment, others, values,
+                   notes)  # fmt: skip
 
 
 def _lr_point(

@@ -171,26 +171,38 @@ def read_metrics(
     steps, and the later row is the one the run continued from). ``keep`` selects the columns returned
     (all when None).
     """
-    hist, extras = _parse_metrics(path, run_id, problems, keep)
-    return finish_history(hist, keep), extras
+    _, hist, extras = _read_history(path, run_id, problems, keep, need_base=False)
+    return hist, extras
 
 
-def _parse_metrics(
-    path: Path, run_id: str, problems: list[str], keep: Keep | None, need_base: bool = True
-) -> tuple[pd.DataFrame, dict[str, float]]:
-    """The history before ``keep`` is applied, and the run-level values. With ``need_base`` the base columns
-    (for summarize_history) are read whatever ``keep`` says. The fast reader is tried first; whatever it
-    rejects is read line by line."""
+def _read_history(
+    path: Path, run_id: str, problems: list[str], keep: Keep | None, need_base: bool
+) -> tuple[pd.DataFrame | None, pd.DataFrame, dict[str, float]]:
+    """(frame with the base columns for summarize_history, or None unless ``need_base``; the frame with the
+    columns ``keep`` selects; run-level values). The fast reader is tried first; whatever it rejects is read
+    line by line."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         problems.append(f"{run_id}: cannot read {M.METRICS_FILE}: {exc}")
-        return _empty_history(), {}
+        return _empty_history(), _empty_history(), {}
     fast = _read_metrics_fast(data, run_id, problems, keep, need_base)
     if fast is not None:
-        return fast
+        full, columns, steps, nonfinite, extras = fast
+        if need_base or keep is None:
+            full = _frame(columns, steps, nonfinite)
+            return full, finish_history(full, keep), extras
+        _derive(columns)
+        kept = _frame({k: v for k, v in columns.items() if keep(k)}, steps, nonfinite)
+        return None, kept, extras
     hist = _read_metrics_lines(data.decode("utf-8", errors="replace"), run_id, problems)
-    return hist, history_extras(hist, hist, hist)
+    return hist, finish_history(hist, keep), frame_extras(hist)
+
+
+def _frame(columns: dict[str, np.ndarray], steps: np.ndarray, nonfinite: int | None) -> pd.DataFrame:
+    df = pd.DataFrame(columns, index=pd.Index(steps, name=M.STEP), copy=False)
+    df.attrs[NONFINITE_STEP] = nonfinite
+    return df
 
 
 def _read_metrics_lines(text: str, run_id: str, problems: list[str]) -> pd.DataFrame:
@@ -230,40 +242,43 @@ def _note_bad_lines(bad: list[int], n_lines: int, run_id: str, problems: list[st
         problems.append(f"{run_id}: {M.METRICS_FILE}: skipped {where}, unreadable")
 
 
+FastRead = tuple[None, dict[str, np.ndarray], np.ndarray, "int | None", dict[str, float]]
+
+
 def _read_metrics_fast(
     data: bytes, run_id: str, problems: list[str], keep: Keep | None, need_base: bool = True
-) -> tuple[pd.DataFrame, dict[str, float]] | None:
-    """pyarrow's JSON reader over the whole file; None when the file needs the careful reader.
+) -> FastRead | None:
+    """pyarrow's JSON reader over the whole file: (None, columns, steps, first non-finite step, run-level
+    values), with steps unique and sorted; None when the file needs the careful reader.
 
     A last line cut short by a kill (the usual damage in a live sweep) is dropped here, as the careful reader
     would. With ``keep``, only val/loss, the base columns if ``need_base``, the per-layer attention logits
-    and the kept columns seen in the first lines are converted: each dense column costs about 1 ms per
-    5000 rows, on top of ~9 ms to tokenize them. The
-    first probe row is taken from the first lines and extrapolation losses from the last ones, which is
-    where the loop logs them.
+    and the kept columns seen in the first lines are converted (tokenizing 5000 rows costs ~5 ms, each
+    column converted ~0.3-1 ms more). The first probe row is taken from the first lines and extrapolation
+    losses from the last ones, which is where the loop logs them.
     """
     import pyarrow as pa
     import pyarrow.json as pj
 
     if not data or data.isspace():
-        return _empty_history(), {}
-    n_lines = data.count(b"\n") + (not data.endswith(b"\n"))
+        return None, {}, np.array([], dtype=np.int64), None, {}
     bad: list[int] = []
     cut = data.rfind(b"\n") + 1
     if cut < len(data):  # unterminated last line: keep it only if it parses
         try:
             json.loads(data[cut:])
         except ValueError:
-            data, bad = data[:cut], [n_lines]
+            bad = [data.count(b"\n") + 1]
+            data = data[:cut]
     head = _parse_lines(data, HEAD_LINES, from_end=False)
     tail = _parse_lines(data, TAIL_LINES, from_end=True)
     if head is None or tail is None:
         return None
-    head_keys = dict.fromkeys(k for row in head for k in row)
     parse_options = None
     if keep is not None:
         names = [M.STEP, *(BASE_COLUMNS if need_base else (M.VAL_LOSS,))]
-        names += [k for k in head_keys if k not in names and (keep(k) or _is_attn_logit(k))]
+        names += [k for k in dict.fromkeys(k for row in head for k in row)
+                  if k not in names and (keep(k) or _is_attn_logit(k))]  # fmt: skip
         schema = pa.schema([(n, pa.float64()) for n in names])
         parse_options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     try:
@@ -283,30 +298,31 @@ def _read_metrics_fast(
     if not np.isfinite(steps).all() or (steps != np.round(steps)).any():
         return None
     # first row (in file order, as the careful reader) with a logged, non-null, non-finite loss or grad norm
-    first_rows = [_first_nonfinite_row(table, name) for name in (M.TRAIN_LOSS, M.GRAD_NORM)]
-    hits = [i for i in first_rows if i is not None]
+    hits = [i for i in (_first_nonfinite_row(table, n) for n in (M.TRAIN_LOSS, M.GRAD_NORM)) if i is not None]
     nonfinite = int(steps[min(hits)]) if hits else None
-    _note_bad_lines(bad, n_lines, run_id, problems)
-    columns = {}
+    _note_bad_lines(bad, bad[0] if bad else 0, run_id, problems)
+    order = None
+    if len(steps) > 1 and not (np.diff(steps) > 0).all():  # resumed run: keep the last row of each step
+        _, last_from_end = np.unique(steps[::-1], return_index=True)
+        order = len(steps) - 1 - last_from_end  # ascending steps, each at its last occurrence
+    columns: dict[str, np.ndarray] = {}
     for name in table.column_names:
-        if name == M.STEP or (parse_options is not None and table.column(name).null_count == table.num_rows):
-            continue
         col = table.column(name)
-        if pa.types.is_floating(col.type) or pa.types.is_integer(col.type):
-            columns[name] = col.to_numpy(zero_copy_only=False).astype(float)
+        if name == M.STEP or (parse_options is not None and col.null_count == table.num_rows):
+            continue
+        if pa.types.is_floating(col.type) or pa.types.is_integer(col.type) or pa.types.is_null(col.type):
+            values = col.to_numpy(zero_copy_only=False).astype(float, copy=False)
         else:  # bool, text, nested: what the careful reader's to_numeric would make of it
-            columns[name] = pd.to_numeric(pd.Series(col.to_pylist(), dtype=object), errors="coerce").astype(
-                float
-            )
-    df = pd.DataFrame(columns, index=pd.Index(steps.astype(np.int64), name=M.STEP))
-    if df.index.has_duplicates:
-        df = df[~df.index.duplicated(keep="last")]
-    if not df.index.is_monotonic_increasing:
-        df = df.sort_index(kind="stable")
-    df.attrs[NONFINITE_STEP] = nonfinite
-    head_frame = pd.DataFrame(head).set_index(M.STEP) if head else _empty_history()
-    tail_frame = pd.DataFrame(tail).set_index(M.STEP) if tail else _empty_history()
-    return df, history_extras(df, head_frame, tail_frame)
+            values = pd.to_numeric(pd.Series(col.to_pylist(), dtype=object), errors="coerce").to_numpy(float)
+        columns[name] = values if order is None else values[order]
+    steps = (steps if order is None else steps[order]).astype(np.int64)
+    val = columns.get(M.VAL_LOSS)
+    extras = history_extras(
+        val[~np.isnan(val)] if val is not None else None,
+        next((r for r in head if any(_is_layer_grad(k) for k in r)), None),
+        next((r for r in reversed(tail) if any(_is_extrapolation(k) for k in r)), None),
+    )
+    return None, columns, steps, nonfinite, extras
 
 
 def _first_nonfinite_row(table: Any, name: str) -> int | None:
@@ -322,10 +338,17 @@ def _first_nonfinite_row(table: Any, name: str) -> int | None:
 
 def _parse_lines(data: bytes, limit: int, from_end: bool) -> list[dict[str, Any]] | None:
     """Rows from the start of the file up to the first probe row, or from the end back to the last row with
-    an evaluation (extrapolation losses are logged with it), at most ``limit`` lines; numeric values only.
-    None if a line in that range is not a valid row (the careful reader then reports it)."""
+    an evaluation (extrapolation losses are logged with it), at most ``limit`` lines, in file order; numeric
+    values only. None if a line in that range is not a valid row (the careful reader then reports it)."""
     rows = []
-    lines = reversed(data.rsplit(b"\n", limit)[-limit:]) if from_end else data.split(b"\n", limit)[:limit]
+    window = 1 << 18  # bytes looked at: `limit` rows of up to 1 KB; the loop's first probe is at step 1
+    cut = len(data) > window
+    if from_end:
+        parts = data[-window:].rsplit(b"\n", limit)
+        lines = reversed(parts[1:] if cut or len(parts) > limit else parts)  # parts[0]: the rest, or cut
+    else:
+        parts = data[:window].split(b"\n", limit)
+        lines = iter(parts[:-1] if cut or len(parts) > limit else parts)
     for line in lines:
         if not line.strip():
             continue
@@ -339,7 +362,7 @@ def _parse_lines(data: bytes, limit: int, from_end: bool) -> list[dict[str, Any]
         row = {k: v for k, v in row.items() if isinstance(v, (int, float))}
         row[M.STEP] = int(step)
         rows.append(row)
-        if from_end and (M.VAL_LOSS in row or any(EXTRAPOLATION_KEY.match(k) for k in row)):
+        if from_end and (M.VAL_LOSS in row or any(_is_extrapolation(k) for k in row)):
             break
         if not from_end and any(k.startswith(M.LAYER_PREFIX) for k in row):
             break
@@ -351,41 +374,76 @@ def _is_attn_logit(name: str) -> bool:
     return m is not None and m.group(2) == M.MAX_ATTN_LOGIT
 
 
-def history_extras(hist: pd.DataFrame, head: pd.DataFrame, tail: pd.DataFrame) -> dict[str, float]:
-    """Run-level values read off the history: ``INIT_VAL_LOSS`` (first ``val/loss`` in ``hist``), the first
-    probe row's per-layer gradient norms (first row of ``head`` with any), and the extrapolation losses of the
-    last row of ``tail`` that has any ``val/loss@<k>x`` key."""
+def _is_layer_grad(name: str) -> bool:
+    m = LAYER_KEY.match(name)
+    return m is not None and m.group(2) == M.GRAD_NORM_LAYER
+
+
+def _is_extrapolation(name: str) -> bool:
+    return EXTRAPOLATION_KEY.match(name) is not None
+
+
+def _row_where(hist: pd.DataFrame, pick: Callable[[str], bool], last: bool = False) -> dict[str, Any] | None:
+    """The first (or last) row of ``hist`` with a value in any column ``pick`` accepts, as a dict."""
+    cols = [c for c in hist.columns if pick(str(c))]
+    if not cols:
+        return None
+    present = np.flatnonzero(hist[cols].notna().to_numpy().any(axis=1))
+    if not len(present):
+        return None
+    i = present[-1] if last else present[0]
+    return {M.STEP: int(hist.index[i]), **{c: float(hist[c].iloc[i]) for c in cols}}
+
+
+def frame_extras(hist: pd.DataFrame) -> dict[str, float]:
+    """:func:`history_extras` of a whole history frame (careful reader, W&B)."""
+    return history_extras(hist, _row_where(hist, _is_layer_grad), _row_where(hist, _is_extrapolation, True))
+
+
+def history_extras(
+    val: np.ndarray | pd.DataFrame | None, probe_row: dict[str, Any] | None, final_row: dict[str, Any] | None
+) -> dict[str, float]:
+    """Run-level values read off the history: ``INIT_VAL_LOSS`` (the first logged ``val/loss``: ``val`` is
+    those values in step order, or the history frame), the first probe row's per-layer gradient norms, and
+    the ``val/loss@<k>x`` losses of the last row that has them (the final evaluation). NaN values are left
+    out."""
+    if isinstance(val, pd.DataFrame):
+        val = val[M.VAL_LOSS].dropna().to_numpy() if M.VAL_LOSS in val.columns else None
     out: dict[str, float] = {}
-    if M.VAL_LOSS in hist.columns:
-        val = hist[M.VAL_LOSS].dropna()
-        if len(val):
-            out[INIT_VAL_LOSS] = float(val.iloc[0])
-    grads = [c for c in head.columns if (m := LAYER_KEY.match(str(c))) and m.group(2) == M.GRAD_NORM_LAYER]
-    if grads:
-        rows = head[grads].dropna(how="all")
-        if len(rows):
-            first = rows.iloc[0]
-            out[FIRST_PROBE_STEP] = float(rows.index[0])
-            out.update({FIRST_PROBE_PREFIX + c: float(first[c]) for c in grads if pd.notna(first[c])})
-    extrap = [c for c in tail.columns if EXTRAPOLATION_KEY.match(str(c))]
-    if extrap:
-        rows = tail[extrap].apply(pd.to_numeric, errors="coerce").dropna(how="all")
-        if len(rows):
-            last = rows.iloc[-1]
-            out.update({c: float(last[c]) for c in extrap if pd.notna(last[c])})
+    if val is not None and len(val):
+        out[INIT_VAL_LOSS] = float(val[0])
+    if probe_row is not None:
+        grads = {k: v for k, v in probe_row.items() if _is_layer_grad(k) and _finite_number(v)}
+        if grads:
+            out[FIRST_PROBE_STEP] = float(probe_row[M.STEP])
+            out.update({FIRST_PROBE_PREFIX + k: float(v) for k, v in grads.items()})
+    if final_row is not None:
+        out.update({k: float(v) for k, v in final_row.items() if _is_extrapolation(k) and _finite_number(v)})
     return out
+
+
+def _finite_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _derive(columns: dict[str, Any]) -> None:
+    """Add ``MAX_ATTN_LOGIT_ALL`` (max over the per-layer attention logits; NaN where no layer logged)."""
+    attn = [c for c in columns if _is_attn_logit(str(c))]
+    if attn:
+        stacked = np.vstack([np.asarray(columns[c], dtype=float) for c in attn])
+        columns[MAX_ATTN_LOGIT_ALL] = np.fmax.reduce(stacked, axis=0)
 
 
 def finish_history(hist: pd.DataFrame, keep: Keep | None) -> pd.DataFrame:
     """Add the derived ``MAX_ATTN_LOGIT_ALL`` column, then keep only the columns ``keep`` accepts."""
     attn = [c for c in hist.columns if _is_attn_logit(str(c))]
+    attrs = dict(hist.attrs)
     if attn:
-        with np.errstate(all="ignore"):
-            hist[MAX_ATTN_LOGIT_ALL] = hist[attn].max(axis=1, skipna=True)
+        hist = hist.copy()
+        hist[MAX_ATTN_LOGIT_ALL] = np.fmax.reduce(hist[attn].to_numpy().T, axis=0)
     if keep is not None:
-        attrs = dict(hist.attrs)
         hist = hist[[c for c in hist.columns if keep(str(c))]]
-        hist.attrs.update(attrs)
+    hist.attrs.update(attrs)
     return hist
 
 
@@ -584,13 +642,13 @@ def read_run_dir(run_dir: Path, run_id: str, keep: Keep | None = None) -> RunRec
     problems: list[str] = []
     hist, extras = _empty_history(), {}
     summary, status = read_summary(run_dir / M.SUMMARY_FILE, run_id, problems)
+    full = None
     if (run_dir / M.METRICS_FILE).is_file():
-        hist, extras = _parse_metrics(run_dir / M.METRICS_FILE, run_id, problems, keep, summary is None)
+        full, hist, extras = _read_history(run_dir / M.METRICS_FILE, run_id, problems, keep, summary is None)
     cfg, cfg_corrupt = read_config(run_dir, run_id, problems)
     if cfg_corrupt:
         status = STATUS_CORRUPT
-    values = summary_values(summary, hist, run_dir.name)  # before keep drops the columns it may need
-    hist = finish_history(hist, keep)
+    values = summary_values(summary, full if full is not None else hist, run_dir.name)
     return RunRecord(run_id, str(run_dir), run_dir.name, status, values, cfg, hist, extras, problems)
 
 

@@ -81,11 +81,18 @@ def _curve(rs: RunSet, run_id: str, metric: str) -> pd.Series:
     return hist[metric].dropna()
 
 
-def _thin(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every k-th point, the last one kept, so a line has at most about MAX_POINTS vertices."""
-    if len(x) <= MAX_POINTS:
+def _thin(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS, peaks: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """At most about ``limit`` points of a line, the last one kept: every k-th point, or with ``peaks`` the
+    highest of every k (so a one-step spike still shows)."""
+    if len(x) <= limit:
         return x, y
-    idx = np.unique(np.r_[np.arange(0, len(x), math.ceil(len(x) / MAX_POINTS)), len(x) - 1])
+    k = math.ceil(len(x) / limit)
+    if peaks:
+        n = len(x) // k * k
+        idx = np.arange(0, n, k) + np.argmax(y[:n].reshape(-1, k), axis=1)
+        idx = np.unique(np.r_[idx, np.arange(n, len(x))])
+    else:
+        idx = np.unique(np.r_[np.arange(0, len(x), k), len(x) - 1])
     return x[idx], y[idx]
 
 
@@ -112,7 +119,7 @@ def _panels(n: int, legend_rows: int = 1) -> tuple[Figure, list[Axes]]:
     """A figure of ``n`` panels with fixed margins (inches): room for a suptitle above, two-line panel
     titles, and a legend of ``legend_rows`` rows below."""
     rows, cols = _grid(n)
-    top, bottom, left, right = 0.55, 0.35 + 0.22 * legend_rows, 0.62, 0.15
+    top, bottom, left, right = 0.55, 0.6 + 0.22 * legend_rows, 0.62, 0.15
     gap_w, gap_h = 0.6, 0.85
     width, height = PANEL_W * cols, PANEL_H * rows + top + bottom - 0.4
     fig = Figure(figsize=(width, height))
@@ -187,10 +194,17 @@ def _style(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
     ax.grid(alpha=0.3, which="both")
 
 
+class _PlainLogFormatter(LogFormatter):
+    """LogFormatter's choice of which ticks to label, each written plainly ("0.4", "6"), not "4e-01"."""
+
+    def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+        return f"{x:.3g}"
+
+
 def _plain_log_ticks(ax: Axes) -> None:
-    """Log-scale y ticks written as "6", not mathtext "6×10⁰"."""
+    """Log-scale y ticks written as "6" or "0.4", not mathtext "6×10⁰" or "4e-01"."""
     for setter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-        setter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.5)))
+        setter(_PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.5)))
 
 
 def _title(what: str, comp: Comparison, page: int, pages: int) -> str:
@@ -359,8 +373,8 @@ def grad_norm_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None
                     if g.empty:
                         continue
                     ls = "-" if status[r] == M.STATUS_COMPLETED else "--"
-                    ax.plot(*_thin(g.index.to_numpy(), g.to_numpy()), color=colors[arm], lw=0.8, ls=ls,
-                            alpha=0.75)  # fmt: skip
+                    ax.plot(*_thin(g.index.to_numpy(), g.to_numpy(), MAX_POINTS // 3, peaks=True), color=colors[arm],
+                            lw=0.8, ls=ls, alpha=0.75)  # fmt: skip
                     flags = _curve(rs, r, M.SPIKE_GRAD_NORM)
                     spikes = g[g.index.isin(flags.index[flags == 1])]
                     if len(spikes):
@@ -541,28 +555,59 @@ def extrapolation_figures(rs: RunSet, comp: Comparison, max_pages: int | None = 
 LINES_PER_PANEL = 8
 
 
+def _lr_layout(sweep: LRSweep) -> tuple[str | None, list[tuple[str, list[str]]]]:
+    """(axis drawn as lines, [(panel title, contexts)]). The other axis with the most values that still fit
+    in one panel is drawn as lines (colour = its value, the same in every panel); every combination of the
+    remaining axes gets a panel. Without such an axis, contexts are drawn eight to a panel."""
+    counts = {a: len({v[a] for v in sweep.context_values.values()}) for a in sweep.others}
+    fitting = [a for a in sweep.others if counts[a] <= LINES_PER_PANEL]
+    if not sweep.others:
+        return None, [("", list(sweep.contexts))]
+    if not fitting:
+        chunks = [sweep.contexts[i : i + LINES_PER_PANEL] for i in range(0, len(sweep.contexts), LINES_PER_PANEL)]
+        return None, [("", c) for c in chunks]
+    line_axis = max(fitting, key=lambda a: (counts[a], -sweep.others.index(a)))
+    panels: dict[str, list[str]] = {}
+    for context in sweep.contexts:
+        values = sweep.context_values.get(context, {})
+        title = ", ".join(f"{a}={values.get(a)}" for a in sweep.others if a != line_axis)
+        panels.setdefault(title, []).append(context)
+    return line_axis, list(panels.items())
+
+
 def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]:
     """Final val loss against learning rate (log x), one line per arm: mean over completed runs with 95% CI
     bars, the best LR circled, and an X along the top of the panel at every LR where a run diverged."""
     points = sweep.points
     if points.empty:
         return []
-    groups = [sweep.contexts[i : i + LINES_PER_PANEL] for i in range(0, len(sweep.contexts), LINES_PER_PANEL)]
-    pages = [groups[i : i + MAX_PANELS] for i in range(0, len(groups), MAX_PANELS)]
-    pages = pages[:max_pages] if max_pages else pages
+    line_axis, panels = _lr_layout(sweep)
+    if line_axis is None:
+        labels = list(sweep.contexts)
+        label_of = {c: c for c in labels}
+    else:
+        label_of = {c: f"{line_axis}={sweep.context_values[c][line_axis]}" for c in sweep.contexts}
+        labels = list(dict.fromkeys(label_of[c] for c in sweep.contexts))
+    pages = [panels[i : i + MAX_PANELS] for i in range(0, len(panels), MAX_PANELS)]
+    shown_pages = pages[:max_pages] if max_pages else pages
     best = sweep.best.set_index("context")
     final = M.FINAL_VAL_LOSS
+    extra = [
+        Line2D([], [], color="0.3", marker="o", label="mean of completed runs; bars: 95% CI"),
+        Line2D([], [], color="0.3", marker="o", ms=10, mfc="none", ls="", label="best LR of the arm"),
+        Line2D([], [], color="0.3", marker="X", ls="", label="a run diverged at this LR"),
+    ]
     out = []
-    for page, panels in enumerate(pages, 1):
-        labels = [c for group in panels for c in group]
-        fig, axes = _panels(len(panels), _legend_rows(len(labels) + 3))
-        for ax, group in zip(axes, panels):
+    for page, group in enumerate(shown_pages, 1):
+        page_labels = labels if line_axis else [c for _, cs in group for c in cs]
+        fig, axes = _panels(len(group), _legend_rows(len(page_labels) + len(extra)))
+        for ax, (title, contexts) in zip(axes, group):
             trans = blended_transform_factory(ax.transData, ax.transAxes)
-            for i, context in enumerate(group):
-                color, marker = COLORS[labels.index(context) % len(COLORS)], MARKERS[i % len(MARKERS)]
+            for context in contexts:
+                i = page_labels.index(label_of[context])
+                color, marker = COLORS[i % len(COLORS)], MARKERS[i % len(MARKERS)]
                 pts = points[points["context"] == context].sort_values("lr")
-                ok = np.isfinite(pts[f"{final}_mean"].to_numpy(dtype=float))
-                sel = pts[ok]
+                sel = pts[np.isfinite(pts[f"{final}_mean"].to_numpy(dtype=float))]
                 if len(sel):
                     mean = sel[f"{final}_mean"].to_numpy(dtype=float)
                     err = np.vstack([mean - sel[f"{final}_ci_low"], sel[f"{final}_ci_high"] - mean])
@@ -573,27 +618,25 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
                     ax.plot(b["best_lr"], b[f"{final}_mean"], marker="o", ms=12, mfc="none", mec=color, mew=1.5)
                 div = pts[pts["n_diverged"] > 0]
                 if len(div):
-                    ax.plot(div["lr"], [0.97 - 0.04 * i] * len(div), ls="", marker="X", ms=7, color=color,
-                            transform=trans, clip_on=False)  # fmt: skip
+                    ax.plot(div["lr"], [0.97 - 0.035 * (i % 8)] * len(div), ls="", marker="X", ms=6,
+                            color=color, transform=trans, clip_on=False)  # fmt: skip
             ax.set_xscale("log")
-            _style(ax, "", sweep.axis.name + " (log)", f"final {M.VAL_LOSS}")
-        _legend(
-            fig,
-            labels,
-            [
-                Line2D([], [], color="0.3", marker="o", label="mean of completed runs; bars: 95% CI"),
-                Line2D([], [], color="0.3", marker="o", ms=10, mfc="none", ls="", label="best LR of the arm"),
-                Line2D([], [], color="0.3", marker="X", ls="", label="a run diverged at this LR"),
-            ],
+            _style(ax, title, sweep.axis.name + " (log)", f"final {M.VAL_LOSS}")
+        _legend(fig, page_labels, extra)
+        title = f"final {M.VAL_LOSS} vs {sweep.axis.name}" + (
+            f" ({page}/{len(shown_pages)})" if len(shown_pages) > 1 else ""
         )
-        title = f"final {M.VAL_LOSS} vs {sweep.axis.name}" + (f" ({page}/{len(pages)})" if len(pages) > 1 else "")
         fig.suptitle(_text(title, 90), fontsize=11)
         caption = (
             f"Final validation loss against {sweep.axis.name} (log scale), one line per arm (the values of the "
-            "other varied axes): mean over completed runs with 95% Student-t bars (none with one seed). The "
-            "circle marks each arm's best LR; an X along the top marks an LR at which a run of that arm "
-            "diverged (a diverged run has no final loss to plot)."
-        )
+            "other varied axes"
+            + (f"; colour: {line_axis}, one panel per value of the rest" if line_axis and len(panels) > 1 else "")
+            + "): mean over completed runs with 95% Student-t bars (none with one seed). The circle marks each "
+            "arm's best LR; an X along the top marks an LR at which a run of that arm diverged (a diverged "
+            "run has no final loss to plot)."
+            + (f" Only the first {sum(len(p) for p in shown_pages)} of {len(panels)} panels are drawn; the "
+               "table holds every arm." if len(shown_pages) < len(pages) and page == len(shown_pages) else "")
+        )  # fmt: skip
         out.append(PlotFigure(f"{slug(sweep.axis.name)}_lr-sweep_{page}", title, caption, _png(fig)))
     return out
 

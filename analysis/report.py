@@ -1,8 +1,13 @@
-"""Build the ablation report: one self-contained HTML file, the same in Markdown, and the tables as CSV.
+"""Build the ablation report: one self-contained HTML file, the same in Markdown, and the tables as CSV and
+Parquet.
 
 Usage::
 
-    python -m analysis.report PATH [PATH ...] --out DIR [--by KEY ...] [--baseline KEY=VALUE] [--title T]
+    python -m analysis.report [PATH ...] [--wandb ENTITY/PROJECT [--group G] [--offline]] --out DIR
+                              [--by KEY ...] [--baseline KEY=VALUE] [--title T] [--workers N]
+
+Runs come from run directories (PATHs), a W&B project (``--wandb``; cached under DIR/wandb_cache so
+``--offline`` rebuilds without the network), or both.
 
 The report is assembled once as a list of blocks (headings, paragraphs, tables, figures) and rendered twice,
 so the HTML and Markdown can never disagree. The HTML embeds its figures as base64 PNG and its CSS inline: it
@@ -24,10 +29,35 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.compare import ALL_RUNS, Comparison, ComparisonSet, compare_runs, fmt_value
-from analysis.load import AnalysisError, RunSet, load_runs
-from analysis.plots import PlotFigure, comparison_figures
+from analysis.compare import (
+    ALL_RUNS,
+    TEST_PAIRED,
+    TEST_WELCH,
+    Comparison,
+    ComparisonSet,
+    LRSweep,
+    compare_runs,
+    fmt_value,
+    lr_sweep,
+)
+from analysis.load import MAX_ATTN_LOGIT_ALL, AnalysisError, RunSet, load_runs, merge
+from analysis.parallel import default_workers, fork_map
+from analysis.plots import MAX_PANELS, PlotFigure, comparison_figure_jobs, lr_figures
 from lm_ablate import metrics as M
+
+MAX_PAGES = 2  # figure pages per kind and comparison (12 contexts): more would bury the report
+FIGURE_BUDGET = 40  # figures in a report; above it, one page per kind and comparison (6 contexts)
+FIGURE_KINDS = 7  # per comparison: see analysis.plots.comparison_figure_jobs
+WANDB_CACHE = "wandb_cache"
+# history columns the report draws (everything else is dropped while loading, so big sweeps fit in memory)
+REPORT_COLUMNS = frozenset(
+    {M.VAL_LOSS, M.TRAIN_LOSS, M.GRAD_NORM, M.SPIKE_GRAD_NORM, M.LOGITS_MAX_ABS, M.LOGITS_MEAN_LOG_Z,
+     MAX_ATTN_LOGIT_ALL}
+)  # fmt: skip
+
+
+def report_columns(name: str) -> bool:
+    return name in REPORT_COLUMNS
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;
@@ -164,11 +194,24 @@ def _few(values: list[Any], limit: int = 5) -> str:
     return shown + (f", … {len(values)} values" if len(values) > limit else "")
 
 
+def test_text(row: pd.Series) -> str:
+    if row["is_baseline"] or not row.get("test"):
+        return ""
+    if row["test"] == TEST_PAIRED:
+        return f"paired t ({int(row['n_pairs'])} seeds)"
+    return "Welch t" if row["test"] == TEST_WELCH else str(row["test"])
+
+
+def rate_text(x: Any, digits: int = 2) -> str:
+    return f"{x:.{digits}f}" if _ok(x) else "–"
+
+
 def _comparison_table(comp: Comparison) -> Table:
     headers = [
         "context", "arm", "runs", "completed", "diverged", "other", "final val loss (mean ± 95% CI)",
-        "Δ vs baseline [95% CI]", "p (Welch)", "best val loss", "grad-norm spikes", "loss spikes",
-        "tokens/s", "tokens/s ratio", "params (total / non-emb.)",
+        "Δ vs baseline [95% CI]", "p", "test", "best val loss", "grad-norm spikes", "loss spikes",
+        "spikes / 1k steps (grad norm, loss)", "divergence rate", "tokens/s", "tokens/s ratio",
+        "params (total / non-emb.)",
     ]  # fmt: skip
     rows = []
     for _, r in comp.table.iterrows():
@@ -183,18 +226,21 @@ def _comparison_table(comp: Comparison) -> Table:
                 _pm(r, M.FINAL_VAL_LOSS),
                 delta_text(r),
                 "" if r["is_baseline"] else p_text(r["p_value"]),
+                test_text(r),
                 _pm(r, M.BEST_VAL_LOSS),
                 _pm(r, M.GRAD_NORM_SPIKES, digits=1),
                 _pm(r, M.LOSS_SPIKES, digits=1),
+                f"{rate_text(r['grad_norm_spikes_per_1k_steps'])}, {rate_text(r['loss_spikes_per_1k_steps'])}",
+                f"{r['n_diverged']}/{r['n_runs']}" if r["n_runs"] else "–",
                 _pm(r, M.MEAN_TOKENS_PER_SEC, digits=0, comma=True),
                 "" if r["is_baseline"] else ratio_text(r["tokens_per_sec_ratio"]),
                 f"{count(r[M.PARAMS_TOTAL])} / {count(r[M.PARAMS_NON_EMBEDDING])}",
             ]
         )
-    return Table(headers, rows, frozenset(range(2, len(headers))))
+    return Table(headers, rows, frozenset(range(2, len(headers))) - {9})
 
 
-def _comparison_blocks(rs: RunSet, comp: Comparison, index: int, smoothing: float) -> list[Block]:
+def _comparison_blocks(comp: Comparison, index: int, figures: list[PlotFigure]) -> list[Block]:
     axis = comp.axis
     out: list[Block] = [Heading(2, f"{index}. {axis.name}: " + " vs ".join(comp.arms))]
     text = f"Arms: values of {axis.name}"
@@ -208,8 +254,46 @@ def _comparison_blocks(rs: RunSet, comp: Comparison, index: int, smoothing: floa
     )
     text += " Means and Δ use completed runs only; diverged and unfinished runs are counted, not averaged."
     out += [Para(text), _comparison_table(comp)]
-    for fig in comparison_figures(rs, comp, smoothing=smoothing):
+    for fig in figures:
         out.append(Fig(fig, f"fig{index:02d}_{fig.name}.png"))
+    return out
+
+
+def _lr_blocks(sweep: LRSweep, figures: list[PlotFigure]) -> list[Block]:
+    final = M.FINAL_VAL_LOSS
+    out: list[Block] = [
+        Heading(2, f"Learning rate ({sweep.axis.name})"),
+        Para(
+            f"{sweep.axis.name} varies ({len(sweep.lrs)} values). Per arm (the values of the other varied "
+            "axes): the LR with the lowest mean final val loss over completed runs (⚠ at an end of the grid: "
+            "the optimum may lie beyond it), and the LR sensitivity E_lr[min(loss(lr), loss_init) − loss*] "
+            "(Wortsman et al. 2023; diverged runs count as their init loss; see 'How to read this'). Lower "
+            "sensitivity: the arm tolerates a wider range of learning rates."
+        ),
+    ]
+    rows = []
+    for _, b in sweep.best.iterrows():
+        best = fmt_value(b["best_lr"]) if _ok(b["best_lr"]) else "–"
+        rows.append([
+            b["context"], b["lr_grid"], best + (" ⚠ grid edge" if b["best_at_edge"] else ""),
+            mean_pm(b[f"{final}_mean"], b[f"{final}_ci_low"], b[f"{final}_ci_high"]),
+            str(int(b[f"{final}_n"])), str(int(b["n_diverged_at_best"])), str(int(b["n_diverged"])),
+            num(b["lr_sensitivity"]), num(b["loss_init"]), num(b["loss_star"]),
+        ])  # fmt: skip
+    headers = ["arm", "LR grid", "best LR", "final val loss at best (mean ± 95% CI)", "seeds",
+               "diverged at best", "diverged (all LRs)", "LR sensitivity", "loss at init", "loss*"]  # fmt: skip
+    out.append(Table(headers, rows, frozenset({3, 4, 5, 6, 7, 8, 9})))
+    point_rows = [
+        [p["context"], fmt_value(p["lr"]), str(p["n_runs"]), str(p["n_completed"]), str(p["n_diverged"]),
+         mean_pm(p[f"{final}_mean"], p[f"{final}_ci_low"], p[f"{final}_ci_high"]), num(p["capped_loss"])]
+        for _, p in sweep.points.iterrows()
+    ]  # fmt: skip
+    out.append(Details(f"Every arm × LR: {len(point_rows)} rows", [Table(
+        ["arm", "LR", "runs", "completed", "diverged", "final val loss (mean ± 95% CI)",
+         "loss(lr) for sensitivity"], point_rows, frozenset({2, 3, 4, 5, 6}))]))  # fmt: skip
+    if sweep.notes:
+        out.append(Bullets(list(sweep.notes)))
+    out += [Fig(fig, f"lr_{fig.name}.png") for fig in figures]
     return out
 
 
@@ -283,21 +367,63 @@ HOW_TO_READ = (
     "Each comparison holds every other varied axis fixed (one context per combination) and reports, per "
     "arm, the mean over seeds of completed runs with a Student-t 95% confidence interval (n-1 degrees of "
     "freedom; with one seed there is no interval). Δ vs baseline is the difference of mean final validation "
-    "loss (arm minus baseline; negative is better) with a 95% interval and two-sided p-value from Welch's "
-    "t-test, which does not assume equal variance across arms. With 2-3 seeds these intervals are wide: read "
-    "a Δ whose interval straddles 0 as 'no detectable difference', not as 'equal'. A spike is a step whose "
-    "value exceeds the rolling mean + k·std of the previous window of steps (train.spike.window, "
-    "train.spike.k; see lm_ablate.metrics.SpikeDetector). tokens/s counts the training step only (no "
-    "evaluation); the ratio is arm over baseline in the same context. Diverged runs (a non-finite loss or "
-    "gradient norm) are counted and listed, never averaged."
+    "loss (arm minus baseline; negative is better) with a 95% interval and two-sided p-value. The test "
+    "column says which test gave them: 'paired t' when the arm and the baseline completed at least two of "
+    "the same seeds (the t-test on per-seed differences over those seeds, scipy's ttest_rel: a seed fixes "
+    "the data order, so seed-to-seed noise shared by both arms cancels), otherwise Welch's t-test, which "
+    "does not assume equal variance across arms. With 2-3 seeds these intervals are wide: read a Δ whose "
+    "interval straddles 0 as 'no detectable difference', not as 'equal'. A spike is a step whose value "
+    "exceeds the rolling mean + k·std of the previous window of steps (train.spike.window, train.spike.k; "
+    "see lm_ablate.metrics.SpikeDetector); spikes per 1k steps pool completed and diverged runs (total "
+    "spikes / total steps × 1000); the divergence rate is diverged runs over all runs of the arm. tokens/s "
+    "counts the training step only (no evaluation); the ratio is arm over baseline in the same context. "
+    "Diverged runs (a non-finite loss or gradient norm) are counted and listed, never averaged. LR "
+    "sensitivity (Wortsman et al. 2023) is E_lr[min(loss(lr), loss_init) − loss*] over an arm's LR grid: "
+    "each run's final val loss is capped at its loss at initialisation (the val loss logged at step 0), a "
+    "diverged run counts as its init loss, loss(lr) is the mean over seeds, loss* the arm's best loss(lr), "
+    "and the expectation a plain mean over the LRs tried; it is 0 when every LR does as well as the best, "
+    "and comparable between arms only over the same grid."
 )
 
 
-def build_blocks(rs: RunSet, cs: ComparisonSet, title: str, smoothing: float = 0.9) -> list[Block]:
+def _figure_job_list(rs: RunSet, cs: ComparisonSet, sweep: LRSweep | None, smoothing: float,
+                     max_pages: int | None) -> list[tuple[int, Any]]:  # fmt: skip
+    """(section index, job) for every figure: 0 is the LR section, i the i-th comparison."""
+    jobs: list[tuple[int, Any]] = []
+    if sweep is not None:
+        jobs.append((0, lambda: lr_figures(sweep, max_pages)))
+    for i, comp in enumerate(cs.comparisons, 1):
+        jobs += [(i, job) for job in comparison_figure_jobs(rs, comp, smoothing, max_pages)]
+    return jobs
+
+
+def build_blocks(
+    rs: RunSet,
+    cs: ComparisonSet,
+    title: str,
+    smoothing: float = 0.9,
+    sweep: LRSweep | None = None,
+    workers: int = 1,
+    max_pages: int | None = MAX_PAGES,
+) -> list[Block]:
+    """The report as blocks. Figures are drawn first, in ``workers`` forked processes. A big sweep (more
+    than FIGURE_BUDGET figures at ``max_pages``) gets one page per figure kind: each figure costs ~0.5 s to
+    draw, and the tables hold every context anyway."""
+    if max_pages and max_pages > 1:
+        pages = sum(min(max_pages, math.ceil(len(c.contexts) / MAX_PANELS)) for c in cs.comparisons)
+        if pages * FIGURE_KINDS > FIGURE_BUDGET:
+            max_pages = 1
+    jobs = _figure_job_list(rs, cs, sweep, smoothing, max_pages)
+    drawn = fork_map(lambda job: job[1](), jobs, workers=workers)
+    figures: dict[int, list[PlotFigure]] = {}
+    for (section, _), figs in zip(jobs, drawn):
+        figures.setdefault(section, []).extend(figs)
     blocks: list[Block] = [Heading(1, title)]
     blocks += _summary_blocks(rs, cs)
+    if sweep is not None:
+        blocks += _lr_blocks(sweep, figures.get(0, []))
     for i, comp in enumerate(cs.comparisons, 1):
-        blocks += _comparison_blocks(rs, comp, i, smoothing)
+        blocks += _comparison_blocks(comp, i, figures.get(i, []))
     blocks += _failed_blocks(rs, cs) + _runs_blocks(rs, cs) + _problem_blocks(rs)
     blocks += [Heading(2, "How to read this"), Para(HOW_TO_READ)]
     return blocks
@@ -389,30 +515,85 @@ def default_title(rs: RunSet) -> str:
     return "Ablation report: " + ", ".join(studies) if studies else "Ablation report"
 
 
+def load_sources(
+    paths: Sequence[str | Path] | str | Path | None,
+    out_dir: str | Path,
+    wandb: str | None = None,
+    group: str | None = None,
+    offline: bool = False,
+    workers: int = 1,
+) -> RunSet:
+    """Runs from the run directories under ``paths`` and/or the W&B project ``wandb`` (cached in
+    ``out_dir/wandb_cache``), with only the history columns the report draws."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths or [])
+    if not paths and not wandb:
+        raise AnalysisError("nothing to report on: give run directories and/or --wandb ENTITY/PROJECT")
+    if (group or offline) and not wandb:
+        raise AnalysisError("--group and --offline apply to --wandb, which is not given")
+    sets = []
+    if paths:
+        sets.append(load_runs(paths, keep=report_columns, workers=workers))
+    if wandb:
+        from analysis.wandb_source import load_wandb
+
+        cache = Path(out_dir) / WANDB_CACHE
+        sets.append(load_wandb(wandb, cache, group=group, offline=offline, keep=report_columns))
+    return sets[0] if len(sets) == 1 else merge(sets)
+
+
+def write_table(df: pd.DataFrame, out: Path, stem: str) -> None:
+    """``stem``.csv and ``stem``.parquet. Parquet needs one type per column: a column mixing types (a config
+    key that is a number in one run and text in another) is written as text there."""
+    df.to_csv(out / f"{stem}.csv", index=False)
+    import pyarrow as pa
+
+    frame = df.copy()
+    for col in frame.columns:
+        if frame[col].dtype == object:
+            try:
+                pa.array(frame[col], from_pandas=True)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                frame[col] = frame[col].map(lambda v: v if v is None or (isinstance(v, float) and math.isnan(v))
+                                            else str(v))  # fmt: skip
+    frame.to_parquet(out / f"{stem}.parquet", index=False)
+
+
 def build_report(
-    paths: Sequence[str | Path] | str | Path,
+    paths: Sequence[str | Path] | str | Path | None,
     out_dir: str | Path,
     by: Sequence[str] | None = None,
     baseline: str | None = None,
     title: str | None = None,
     smoothing: float = 0.9,
+    wandb: str | None = None,
+    group: str | None = None,
+    offline: bool = False,
+    workers: int | None = None,
 ) -> Path:
-    """Load the runs under ``paths``, compare them and write report.html, report.md (with its PNGs),
-    runs.csv and comparisons.csv into ``out_dir``. Returns the path of report.html.
+    """Load the runs under ``paths`` (and/or of the W&B project ``wandb``), compare them and write
+    report.html, report.md (with its PNGs), runs.csv/.parquet, comparisons.csv/.parquet and, when the
+    learning rate varies, lr_sweep.csv/.parquet and lr_points.csv/.parquet into ``out_dir``. Returns the
+    path of report.html.
 
-    ``baseline`` is ``"KEY=VALUE"``. Raises :class:`AnalysisError` (one line) for no runs or a bad key.
+    ``baseline`` is ``"KEY=VALUE"``. ``workers``: processes for loading and drawing (default: the CPUs this
+    process may use, at most 8). Raises :class:`AnalysisError` (one line) for no runs or a bad key.
     """
-    rs = load_runs([paths] if isinstance(paths, (str, Path)) else list(paths))
+    workers = default_workers() if workers is None else max(1, workers)
+    rs = load_sources(paths, out_dir, wandb, group, offline, workers)
     cs = compare_runs(rs, by=by, baseline=baseline)
+    sweep = lr_sweep(rs)
     title = title or default_title(rs)
-    blocks = build_blocks(rs, cs, title, smoothing)
+    blocks = build_blocks(rs, cs, title, smoothing, sweep, workers)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for fig in _figures(blocks):
         (out / fig.file_name).write_bytes(fig.figure.png)
     (out / "report.md").write_text(render_markdown(blocks), encoding="utf-8")
-    rs.runs.to_csv(out / "runs.csv", index=False)
-    cs.table.to_csv(out / "comparisons.csv", index=False)
+    write_table(rs.runs, out, "runs")
+    write_table(cs.table, out, "comparisons")
+    if sweep is not None:
+        write_table(sweep.best, out, "lr_sweep")
+        write_table(sweep.points, out, "lr_points")
     path = out / "report.html"
     path.write_text(render_html(blocks, title), encoding="utf-8")
     return path.resolve()
@@ -423,16 +604,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m analysis.report",
         description="Compare lm-ablate runs: tables with 95%% CIs, curves, and a self-contained HTML report.",
     )
-    parser.add_argument("paths", nargs="+", help="run directories, multirun roots, or folders holding them")
+    parser.add_argument("paths", nargs="*", help="run directories, multirun roots, or folders holding them")
     parser.add_argument(
         "--out", required=True, help="directory to write report.html, report.md and CSVs into"
     )
+    parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also (or only) report on this W&B project")
+    parser.add_argument("--group", help="with --wandb: only the runs of this W&B group")
+    parser.add_argument("--offline", action="store_true",
+                        help="with --wandb: use only the cache in OUT/wandb_cache (no network)")  # fmt: skip
     parser.add_argument("--by", action="append", metavar="KEY", help="config key to compare (repeatable)")
     parser.add_argument("--baseline", metavar="KEY=VALUE", help="baseline arm, e.g. norm.name=layernorm")
     parser.add_argument("--title", help="report title (default: from the study name)")
+    parser.add_argument("--workers", type=int, help="processes for loading and drawing (default: CPUs, ≤ 8)")
     args = parser.parse_args(argv)
     try:
-        path = build_report(args.paths, args.out, by=args.by, baseline=args.baseline, title=args.title)
+        path = build_report(
+            args.paths, args.out, by=args.by, baseline=args.baseline, title=args.title, wandb=args.wandb,
+            group=args.group, offline=args.offline, workers=args.workers,
+        )  # fmt: skip
     except AnalysisError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from functools import lru_cache
 
 import numpy as np
 from scipy import stats
@@ -20,6 +21,12 @@ from scipy import stats
 def _finite(values: Iterable[float]) -> np.ndarray:
     arr = np.asarray([float(v) for v in values if v is not None], dtype=float)
     return arr[np.isfinite(arr)]
+
+
+@lru_cache(maxsize=4096)
+def t_quantile(q: float, dof: float) -> float:
+    """Student-t quantile, cached: a report on a big sweep asks for the same few thousands of times."""
+    return float(stats.t.ppf(q, dof))
 
 
 def mean_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float, int]:
@@ -36,7 +43,7 @@ def mean_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, f
     mean = float(x.mean())
     if n == 1:
         return mean, math.nan, math.nan, 1
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
+    half = t_quantile(0.5 + confidence / 2, n - 1) * float(x.std(ddof=1)) / math.sqrt(n)
     return mean, mean - half, mean + half, n
 
 
@@ -93,6 +100,6 @@ def paired(
     se = float(d.std(ddof=1)) / math.sqrt(n)
     if se == 0:
         return delta, delta, delta, 1.0 if delta == 0 else 0.0, n
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * se)
+    half = t_quantile(0.5 + confidence / 2, n - 1) * se
     p = float(stats.ttest_rel(xa[ok], xb[ok]).pvalue)
     return delta, delta - half, delta + half, p, n

@@ -33,7 +33,7 @@ from analysis.load import (
     assemble,
     finish_history,
     flatten,
-    history_extras,
+    frame_extras,
     one_line,
     summary_values,
 )
@@ -290,7 +290,7 @@ def records_from_cache(
         except Exception as exc:  # noqa: BLE001 - a missing or damaged file is one run's problem
             problems.append(f"{run_id}: cached W&B history unreadable ({one_line(exc)}); history empty")
             hist = history_frame([])
-        extras = history_extras(hist, hist, hist)
+        extras = frame_extras(hist)
         ours = {k: v for k, v in summary.items() if not str(k).startswith("_")}
         if _has_ours(ours):  # logged by our tracker: the same keys as summary.json
             values = summary_values(ours, hist, str(row["name"]))

@@ -21,6 +21,27 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+clock = time.perf_counter  # what every benchmark times with; set_clock("cpu") switches all of them
+
+
+def set_clock(name: str) -> None:
+    """``wall``: elapsed time (default). ``cpu``: CPU time of the calling thread, only meaningful with one
+    intra-op thread (``torch.set_num_threads(1)``: ops and autograd's CPU backward then run on this thread).
+    CPU time leaves out the time the thread waited for a core, so on a shared machine it measures the code,
+    not the neighbours; it still includes their effect on caches and memory bandwidth."""
+    import torch
+
+    global clock
+    if name == "cpu" and torch.get_num_threads() != 1:
+        raise SystemExit("--clock cpu needs --threads 1 (other threads' work is not on this thread's clock)")
+    clock = CLOCKS[name]
+
+
+def now() -> float:
+    return clock()
+
+
 def loadavg() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
@@ -39,6 +60,19 @@ def header(title: str) -> None:
     print(f"== {title}")
     print(f"   {environment()}")
     print(f"   load average (1/5/15 min) at start: {loadavg()}", flush=True)
+    warn_if_loaded()
+
+
+def warn_if_loaded() -> None:
+    """With more runnable processes than cores, a multi-threaded op waits at its barrier for whichever of
+    its threads was descheduled: timings then measure the scheduler as much as the code, and they punish
+    code with many small ops the most. One thread per process is far more stable in that situation."""
+    import torch
+
+    threads, cpus, load = torch.get_num_threads(), os.cpu_count() or 1, os.getloadavg()[0]
+    if threads > 1 and load > 0.75 * cpus:
+        print(f"   WARNING: load average {load:.1f} on {cpus} CPUs with {threads} threads per op: timings include waits "
+              "for descheduled threads; see bench/README.md (--threads 1 gives load-robust ratios)", flush=True)
 
 
 def median(values: Iterable[float]) -> float:
@@ -98,9 +132,9 @@ def matmul_gflops(n: int = 1024, seconds: float = 0.3) -> float:
     b = torch.randn(n, n, generator=gen)
     best, deadline = 0.0, time.perf_counter() + seconds
     for i in range(1000):
-        tic = time.perf_counter()
+        tic = now()
         a @ b
-        best = max(best, 2 * n**3 / (time.perf_counter() - tic))
+        best = max(best, 2 * n**3 / (now() - tic))
         if i >= 2 and time.perf_counter() > deadline:
             break
     return best / 1e9

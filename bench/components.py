@@ -26,12 +26,11 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _util import header, interleave, load_summary, loadavg, median, ratios, spread, table  # noqa: E402
+from _util import now, set_clock, header, interleave, load_summary, loadavg, median, ratios, spread, table  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -81,10 +80,10 @@ class Step:
         self.opt.step()
 
     def __call__(self) -> float:
-        tic = time.perf_counter()
+        tic = now()
         for _ in range(self.steps):
             self.step()
-        return (time.perf_counter() - tic) / self.steps
+        return (now() - tic) / self.steps
 
 
 def run_shape(name: str, a: argparse.Namespace) -> dict[str, float]:
@@ -117,11 +116,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default="small,d256")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--steps", type=int, default=2, help="steps per variant per round")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's, one per core)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: this thread's CPU time (needs --threads 1): robust to other load on the machine")
     a = p.parse_args(argv)
     if a.quick:
         a.shapes, a.rounds, a.steps = "small", 2, 1
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    set_clock(a.clock)
     header("bench/components.py: step time of one switch vs the default config (fp32, CPU)")
-    print(f"   {a.rounds} rounds x {a.steps} steps per variant, interleaved")
+    print(f"   {a.rounds} rounds x {a.steps} steps per variant, interleaved; clock: {a.clock}")
     results = {s: run_shape(s, a) for s in a.shapes.split(",")}
     print(f"\n   load average at end: {loadavg()}")
     parts = [f"{s}: " + ", ".join(f"{v.split(' (')[0]} {r:.2f}" for v, r in res.items() if not v.startswith("baseline"))

@@ -11,8 +11,10 @@ positions, backward, AdamW step (torch's CPU default implementation for both; no
 
 Candidates, interleaved round by round (see bench/_util.py): lm-ablate eager, transformers eager, and
 unless --no-compile the two under ``torch.compile`` (default inductor backend; the optimizer step stays
-eager, as with ``train.compile``), plus a 1024^3 fp32 matmul probe each round, the peak MFU is measured
-against. Cold compile time (first step minus a warm step) is reported separately.
+eager, as with ``train.compile``), plus "lm-ablate compiled model+loss" (model and cross-entropy compiled as
+one function, which ``train.compile`` does not do), plus a 1024^3 fp32 matmul probe each round, the peak MFU
+is measured against. Cold compile time (first step minus a warm step, with a fresh inductor cache unless
+--warm-cache) is reported separately.
 
 MFU = model_cost FLOPs/token (PaLM appendix B) x tokens/s / the matmul peak of the same round.
 Targets: lm-ablate eager >= 1.0x transformers eager; lm-ablate compiled >= 1.1x transformers eager;
@@ -24,13 +26,15 @@ category (torch.profiler self CPU time).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _util import REPO, header, interleave, load_summary, loadavg, matmul_gflops, median, ratios, spread, table  # noqa: E402,F401
+from _util import now, set_clock, REPO, header, interleave, load_summary, loadavg, matmul_gflops, median, ratios, spread, table  # noqa: E402,F401
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -54,7 +58,8 @@ def build_pair(family: str, a: argparse.Namespace):
         )
         hf = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
     else:
-        config = GPT2Config(n_embd=a.d_model, n_layer=a.layers, n_head=a.heads, vocab_size=a.vocab, n_positions=a.seq)
+        config = GPT2Config(n_embd=a.d_model, n_layer=a.layers, n_head=a.heads, vocab_size=a.vocab, n_positions=a.seq,
+                            bos_token_id=a.vocab - 1, eos_token_id=a.vocab - 1)
         hf = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
     assert hf.config._attn_implementation == "sdpa", hf.config._attn_implementation
     ours, cfg = from_hf(hf.eval())
@@ -80,10 +85,28 @@ class Stepper:
         self.opt.step()
 
     def rate(self, steps: int) -> float:
-        tic = time.perf_counter()
+        tic = now()
         for _ in range(steps):
             self.step()
-        return steps * self.x.numel() / (time.perf_counter() - tic)
+        return steps * self.x.numel() / (now() - tic)
+
+
+class LossStepper(Stepper):
+    """lm-ablate with the model AND the cross-entropy in one compiled function (``train.compile`` compiles the
+    model only; the loss then runs eager on the [tokens, vocab] logits)."""
+
+    def __init__(self, module, optimizer, x, y):
+        def loss(x, y):
+            logits = module(x)
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+        super().__init__(module, None, optimizer, x, y)
+        self.loss = torch.compile(loss)
+
+    def step(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        self.loss(self.x, self.y).backward()
+        self.opt.step()
 
 
 def hf_forward(model):
@@ -95,14 +118,14 @@ def phases(stepper: Stepper, repeats: int = 3) -> dict[str, float]:
     out: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
     for _ in range(repeats):
         stepper.opt.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
+        t0 = now()
         logits = stepper.forward(stepper.x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), stepper.y.reshape(-1))
-        t1 = time.perf_counter()
+        t1 = now()
         loss.backward()
-        t2 = time.perf_counter()
+        t2 = now()
         stepper.opt.step()
-        t3 = time.perf_counter()
+        t3 = now()
         for key, seconds in zip(out, (t1 - t0, t2 - t1, t3 - t2)):
             out[key].append(seconds)
     return {k: median(v) for k, v in out.items()}
@@ -187,6 +210,8 @@ def run_family(family: str, a: argparse.Namespace) -> dict:
     if a.compile:
         steppers["lm-ablate compiled"] = Stepper(ours, torch.compile(ours), ours_opt, x, y)
         steppers["transformers compiled"] = Stepper(hf, hf_forward(torch.compile(hf)), hf_opt, x, y)
+        if a.compile_loss:
+            steppers["lm-ablate compiled model+loss"] = LossStepper(ours, ours_opt, x, y)
     warm = {}
     for name, s in steppers.items():  # warm-up; the first step of a compiled candidate compiles it
         tic = time.perf_counter()
@@ -244,17 +269,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=2, help="train steps per candidate per round")
     p.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--no-compile-loss", dest="compile_loss", action="store_false",
+                   help="skip the extra candidate that compiles lm-ablate's model and loss together")
+    p.add_argument("--warm-cache", action="store_true",
+                   help="use inductor's usual on-disk cache (default: a fresh one, so compile times are cold)")
     p.add_argument("--profile", action="store_true", help="profile even when every target is met")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's, one per core)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: this thread's CPU time (needs --threads 1): robust to other load on the machine")
     a = p.parse_args(argv)
     if a.quick:
-        a.batch, a.seq, a.rounds, a.steps, a.compile = 4, 128, 2, 1, False
+        a.batch, a.seq, a.rounds, a.steps, a.compile = 4, 64, 2, 1, False
     if a.threads:
         torch.set_num_threads(a.threads)
+    set_clock(a.clock)
+    if a.compile and not a.warm_cache:  # before inductor is imported: every compile below starts cold
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="lm_ablate_bench_inductor_")
     header("bench/throughput.py: train-step tokens/s, lm-ablate vs transformers (fp32, CPU)")
     import transformers
 
-    print(f"   transformers {transformers.__version__}; {a.rounds} rounds x {a.steps} steps per candidate")
+    print(f"   transformers {transformers.__version__}; {a.rounds} rounds x {a.steps} steps per candidate; clock: {a.clock}")
     results = [run_family(f, a) for f in a.families.split(",")]
 
     print("\n== summary (targets: eager >= 1.0x transformers eager, compiled >= 1.1x transformers eager, "
@@ -267,10 +301,14 @@ def main(argv: list[str] | None = None) -> int:
             c = r["lm-ablate compiled"]
             row += [f"{c['vs_hf_eager']:.3f}x", f"{r['compiled_vs_compiled']:.3f}x",
                     f"{r['compile_s']['lm-ablate compiled']:.0f} s / {r['compile_s']['transformers compiled']:.0f} s"]
+            if a.compile_loss:
+                row.append(f"{r['lm-ablate compiled model+loss']['vs_hf_eager']:.3f}x")
         rows.append(row)
     heads = ["family", "eager vs HF eager", "eager MFU"]
     if a.compile:
         heads += ["compiled vs HF eager", "compiled vs HF compiled", "cold compile ours / HF"]
+        if a.compile_loss:
+            heads.append("compiled model+loss vs HF eager")
     print(table(heads, rows))
     print(f"   load average at end: {loadavg()}")
     parts = []

@@ -8,6 +8,7 @@ with one line naming the key, the value and what is allowed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -214,6 +215,8 @@ def validate(cfg: DictConfig | Config) -> None:
     from lm_ablate.registry import PLACEMENTS, REGISTRIES, SCHEDULES, TOKENIZERS, load_all
 
     load_all()
+    if isinstance(cfg, DictConfig):
+        _known_keys(cfg, OmegaConf.structured(Config))
     for group, registry in REGISTRIES.items():
         registry.check(f"{group}.name", cfg[group].name)
     PLACEMENTS.check("norm.placement", cfg.norm.placement)
@@ -225,6 +228,20 @@ def validate(cfg: DictConfig | Config) -> None:
         raise bad("seed", cfg.seed, "must be >= 0")
     if cfg.tracking.mode not in (None, "online", "offline", "disabled"):
         raise bad("tracking.mode", cfg.tracking.mode, "allowed: online, offline, disabled, null")
+
+
+def _known_keys(node: DictConfig, schema: DictConfig, prefix: str = "") -> None:
+    """Hydra's ``+key=value`` adds a key even to a typed node; reject any key the schema does not have."""
+    import dataclasses
+
+    for key in node:
+        name = f"{prefix}{key}"
+        if key not in schema.keys():
+            where = prefix.rstrip(".") or "the config"
+            raise bad(name, node[key], f"unknown key; keys of {where}: " + ", ".join(str(k) for k in schema.keys()))
+        child, ref = node._get_node(key), schema._get_node(key)
+        if isinstance(child, DictConfig) and isinstance(ref, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(ref)):
+            _known_keys(child, ref, name + ".")
 
 
 def _model(cfg: DictConfig) -> None:
@@ -384,3 +401,45 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "tra
     cfg.choices = choices
     OmegaConf.set_struct(cfg, True)
     return cfg
+
+
+def compose_error_message(err: BaseException) -> str | None:
+    """One line, in :func:`lm_ablate.config.bad`'s format, for an error Hydra or OmegaConf raised while composing
+    the config (unknown group option, unknown key, wrong type, override syntax); None for any other error.
+    Hydra's own report is several lines plus a hint about HYDRA_FULL_ERROR."""
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    if not isinstance(err, (HydraException, OmegaConfBaseException)):
+        return None
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        return f"{group}={option!r} is invalid: no such option; allowed: {', '.join(err.options)}"
+    if isinstance(err, OverrideParseException):
+        return f"cannot parse the overrides: {_first(str(err))} (syntax: key=value, group=option, +key=value)"
+    cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
+    key = getattr(cause, "full_key", None)
+    if isinstance(cause, OmegaConfBaseException) and key:
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+            typed = re.search(r"use \+(\S+)", str(err))
+            parent = key.rpartition(".")[0]
+            node = OmegaConf.select(OmegaConf.structured(Config), parent) if parent else OmegaConf.structured(Config)
+            keys = ", ".join(str(k) for k in node) if isinstance(node, DictConfig) else "see --cfg job"
+            shown = typed.group(1) if typed else key
+            return f"{shown} is invalid: unknown key; keys of {parent or 'the config'}: {keys}"
+        why = _first(cause.msg or str(cause))
+        kind = re.search(r"could not be converted to (\w+)", why)
+        if kind:
+            why = f"must be {'an' if kind.group(1)[0] in 'AEIOU' else 'a'} {kind.group(1).lower()}"
+        elif "is not a valid bool" in why:
+            why = "must be true or false"
+        elif "is not Optional" in why:
+            why = "must not be null"
+        return f"{key}={'null' if cause.value is None else repr(cause.value)} is invalid: {why}"
+    return _first(str(err))
+
+
+def _first(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else "invalid configuration"

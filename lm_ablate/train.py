@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import signal
 import sys
@@ -16,7 +17,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import hydra
 import numpy as np
@@ -25,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lm_ablate import checkpoint as ckpt
 from lm_ablate import metrics as M
-from lm_ablate.config import AXES, CONF_DIR, ConfigError, to_container, validate
+from lm_ablate.config import AXES, CONF_DIR, ConfigError, compose_error_message, to_container, validate
 from lm_ablate.data import check_length, get_batch, load_data, val_batches
 from lm_ablate.model import TransformerLM, model_cost
 from lm_ablate.optim import build_schedule
@@ -177,8 +178,9 @@ def _start_over_or_refuse(run_dir: Path) -> None:
     _trim_metrics(run_dir, -1)
 
 
-def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict[str, Any]:
-    """Train one run (or continue it from its checkpoint) and write its record into ``run_dir``."""
+def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None, on_accept: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Train one run (or continue it from its checkpoint) and write its record into ``run_dir``.
+    ``on_accept`` runs (on rank 0) once every check has passed, before anything is written."""
     validate(cfg)
     session_start = time.perf_counter()
     t = cfg.train
@@ -208,6 +210,8 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None) -> dict
     if len(data.val) < longest + 1:
         raise ConfigError(f"train.extrapolation={list(t.extrapolation)} is invalid: the validation split has "
                           f"{len(data.val)} tokens, fewer than {longest + 1}")
+    if on_accept is not None and dist_env.main:
+        on_accept()
     seed_everything(cfg.seed)
     model = TransformerLM(cfg, data.vocab_size).to(device)
     cost = model_cost(model, cfg)
@@ -422,26 +426,58 @@ def _progress(t: DictConfig, name: str, initial: int, main: bool):
                 mininterval=1.0, file=sys.stderr)
 
 
+_STARTED = False  # set once Hydra has composed the config: later errors are not composition errors
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
+    global _STARTED
+    _STARTED = True
     hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
     OmegaConf.set_struct(cfg, False)
     cfg.choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and k != "local"}
     OmegaConf.set_struct(cfg, True)
+
+    def save_hydra_record() -> None:
+        """Hydra's own copy (.hydra/), written only once the run is accepted (conf/train.yaml sets
+        hydra.output_subdir: null), so a refused launch never rewrites the record of a finished run."""
+        folder = out / ".hydra"
+        folder.mkdir(parents=True, exist_ok=True)
+        plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "choices"])
+        atomic_write_text(folder / "config.yaml", OmegaConf.to_yaml(plain))
+        atomic_write_text(folder / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": OmegaConf.to_container(hc)})))
+        atomic_write_text(folder / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(hc.overrides.task))))
+
     try:
-        summary = train(cfg, hc.runtime.output_dir, name=run_name(cfg, list(hc.overrides.task)))
+        summary = train(cfg, out, name=run_name(cfg, list(hc.overrides.task)), on_accept=save_hydra_record)
     except ConfigError as err:
         print(f"lm-ablate: error: {err}", file=sys.stderr)
         sys.exit(2)
-    print(f"{summary[M.STATUS]}: {summary[M.RUN_NAME]}  val/loss={summary[M.FINAL_VAL_LOSS]}  -> {hc.runtime.output_dir}")
+    print(f"{summary[M.STATUS]}: {summary[M.RUN_NAME]}  val/loss={summary[M.FINAL_VAL_LOSS]}  -> {out}")
     return summary[M.FINAL_VAL_LOSS]  # the objective for optimizing sweepers (Optuna, Nevergrad)
 
 
-if __name__ == "__main__":
-    # Run the copy of main() that lives in the importable module, not in __main__: parallel launchers
-    # (joblib/loky, submitit) pickle the task function, and one from __main__ would be pickled by value.
-    from lm_ablate.train import main as task
+def cli() -> None:
+    """``python -m lm_ablate.train``: Hydra's composition errors (unknown option or key, wrong type) become one
+    line and exit 2 like every other bad input; HYDRA_FULL_ERROR=1 keeps Hydra's full report."""
+    user_full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing its multi-line report
+    try:
+        main()
+    except Exception as err:
+        line = None if (user_full or _STARTED) else compose_error_message(err)
+        if line is None:
+            raise
+        print(f"lm-ablate: error: {line}", file=sys.stderr)
+        sys.exit(2)
 
-    task()
+
+if __name__ == "__main__":
+    # Run the copy that lives in the importable module, not in __main__: parallel launchers (joblib/loky,
+    # submitit) pickle the task function, and one from __main__ would be pickled by value.
+    from lm_ablate.train import cli as entry
+
+    entry()

@@ -211,6 +211,13 @@ def expected_welch(a: list[float], b: list[float]) -> tuple[float, float, float,
     return d, d - half, d + half, 2 * st.t.sf(abs(d / se), dof)
 
 
+def expected_paired(a: list[float], b: list[float]) -> tuple[float, float, float, float]:
+    diff = np.array(a) - np.array(b)
+    d, se = diff.mean(), diff.std(ddof=1) / np.sqrt(len(diff))
+    half = st.t.ppf(0.975, len(diff) - 1) * se
+    return d, d - half, d + half, st.ttest_rel(a, b).pvalue
+
+
 # --- stats ----------------------------------------------------------------------------------------------
 def test_mean_ci_matches_t_interval_and_edge_cases():
     x = [3.0, 3.1, 3.25]
@@ -308,10 +315,11 @@ def test_table_numbers(sweep):
         assert row[f"{M.FINAL_VAL_LOSS}_ci_high"] == pytest.approx(high)
         assert row[f"{M.GRAD_NORM_SPIKES}_mean"] == pytest.approx(1.0)
         assert row[f"{M.MEAN_TOKENS_PER_SEC}_mean"] == pytest.approx(TPS[name] + 10)
-        if name == "rmsnorm":
-            d, lo, hi, p = expected_welch(finals, FINALS[("layernorm", placement)])
+        if name == "rmsnorm":  # both arms completed seeds 0-2: the paired t-test by seed is used
+            d, lo, hi, p = expected_paired(finals, FINALS[("layernorm", placement)])
             got = [row[k] for k in ("delta_final_val_loss", "delta_ci_low", "delta_ci_high", "p_value")]
             assert got == pytest.approx([d, lo, hi, p])
+            assert (row["test"], row["n_pairs"]) == ("paired", 3)
             assert row["tokens_per_sec_ratio"] == pytest.approx(
                 (TPS["rmsnorm"] + 10) / (TPS["layernorm"] + 10)
             )
