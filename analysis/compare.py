@@ -13,15 +13,15 @@ Rates are the exception: spikes per 1000 steps pool completed and diverged runs 
 shorter run, and the spikes before a divergence are the interesting ones), and the divergence rate is over
 all runs of the arm.
 
-When ``optim.lr`` varies, :func:`lr_sweep` also finds the best learning rate of every arm and its learning-rate
-sensitivity (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training instabilities").
+When ``optim.lr`` varies, :func:`lr_sweep` also finds the best learning rate of every arm and its
+learning-rate sensitivity (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training
+instabilities").
 """
 
 from __future__ import annotations
 
-import re
-
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -332,7 +332,9 @@ def compare_to_baseline(arm: list[Run], base: list[Run]) -> dict[str, Any]:
         if n >= 2:
             return {"delta_final_val_loss": delta, "delta_ci_low": low, "delta_ci_high": high,
                     "p_value": p, "test": TEST_PAIRED, "n_pairs": n}  # fmt: skip
-    delta, low, high, p = welch([_num(r[M.FINAL_VAL_LOSS]) for r in arm], [_num(r[M.FINAL_VAL_LOSS]) for r in base])
+    delta, low, high, p = welch(
+        [_num(r[M.FINAL_VAL_LOSS]) for r in arm], [_num(r[M.FINAL_VAL_LOSS]) for r in base]
+    )
     return {"delta_final_val_loss": delta, "delta_ci_low": low, "delta_ci_high": high, "p_value": p,
             "test": TEST_WELCH if math.isfinite(p) else "", "n_pairs": 0}  # fmt: skip
 
@@ -372,8 +374,10 @@ def _arm_row(
     row["grad_norm_spikes_per_1k_steps"] = spike_rate(ended, M.GRAD_NORM_SPIKES)
     row["loss_spikes_per_1k_steps"] = spike_rate(ended, M.LOSS_SPIKES)
     row["divergence_rate"] = len(diverged) / len(runs) if runs else math.nan
-    test: dict[str, Any] = {"delta_final_val_loss": math.nan, "delta_ci_low": math.nan,
-                            "delta_ci_high": math.nan, "p_value": math.nan, "test": "", "n_pairs": 0}  # fmt: skip
+    test: dict[str, Any] = dict.fromkeys(
+        ("delta_final_val_loss", "delta_ci_low", "delta_ci_high", "p_value"), math.nan
+    )
+    test.update(test="", n_pairs=0)
     ratio = math.nan
     if base is not None and not is_baseline:
         base_done = _completed(base)

@@ -238,7 +238,9 @@ def _read_metrics_lines(text: str, run_id: str, problems: list[str]) -> pd.DataF
 
 def _note_bad_lines(bad: list[int], n_lines: int, run_id: str, problems: list[str]) -> None:
     if bad:
-        where = "its last line (truncated write)" if bad == [n_lines] else f"{len(bad)} line(s): {_ranges(bad)}"
+        where = (
+            "its last line (truncated write)" if bad == [n_lines] else f"{len(bad)} line(s): {_ranges(bad)}"
+        )
         problems.append(f"{run_id}: {M.METRICS_FILE}: skipped {where}, unreadable")
 
 
@@ -527,7 +529,10 @@ def read_config(run_dir: Path, run_id: str, problems: list[str]) -> tuple[dict[s
     return None, corrupt
 
 
-class _FastYamlLoader(yaml.CSafeLoader if hasattr(yaml, "CSafeLoader") else yaml.SafeLoader):  # type: ignore[misc]
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML was built with it
+
+
+class _FastYamlLoader(_SafeLoader):  # type: ignore[misc,valid-type]
     """libyaml's parser with OmegaConf's scalar rules (``1e-5`` is a float, timestamps stay text, duplicate
     keys are an error), so reading a config is ~20x faster than OmegaConf.load yet gives the same values."""
 
@@ -547,7 +552,7 @@ _FastYamlLoader.add_implicit_resolver(  # OmegaConf's float pattern (omegaconf._
         |[-+]?[0-9]+(?:_[0-9]+)*(?::[0-5]?[0-9])+\.[0-9_]*
         |[-+]?\.(?:inf|Inf|INF)
         |\.(?:nan|NaN|NAN))$""",
-        re.X,
+        re.VERBOSE,
     ),
     list("-+0123456789."),
 )
@@ -575,13 +580,14 @@ def _load_yaml(path: Path, must_resolve: bool = False) -> dict[str, Any] | None:
     """
     try:
         with path.open("rb") as f:
-            fast = yaml.load(f, Loader=_FastYamlLoader)  # noqa: S506 - a SafeLoader subclass
-        if isinstance(fast, dict) and not _has_interpolation(fast):
-            return fast
-        if not isinstance(fast, dict):
-            return None
-    except Exception:  # noqa: BLE001 - fall through to OmegaConf, which decides what is readable
-        pass
+            fast = yaml.load(f, Loader=_FastYamlLoader)  # a SafeLoader subclass
+        fast = {} if fast is None else fast  # an empty file: OmegaConf reads an empty config
+    except Exception:  # noqa: BLE001 - OmegaConf below decides what is readable
+        fast = None
+    if isinstance(fast, dict) and not _has_interpolation(fast):
+        return fast
+    if fast is not None and not isinstance(fast, dict):
+        return None
     try:
         node = OmegaConf.load(path)
         if not isinstance(node, DictConfig):
@@ -652,9 +658,7 @@ def read_run_dir(run_dir: Path, run_id: str, keep: Keep | None = None) -> RunRec
     return RunRecord(run_id, str(run_dir), run_dir.name, status, values, cfg, hist, extras, problems)
 
 
-def load_runs(
-    paths: Iterable[str | Path] | str | Path, keep: Keep | None = None, workers: int = 1
-) -> RunSet:
+def load_runs(paths: Iterable[str | Path] | str | Path, keep: Keep | None = None, workers: int = 1) -> RunSet:
     """Load every run at or below ``paths``. Raises :class:`AnalysisError` only when no run is found.
 
     ``keep`` selects history columns (all when None; runs without a summary are still summarised from the
@@ -716,16 +720,17 @@ def merge(sets: Sequence[RunSet]) -> RunSet:
             extras = {k: v for k, v in row.items() if _is_extra(k)}
             cfg = rs.configs.get(row["run_id"])
             cfg = None if cfg is None else {k: v for k, v in cfg.items() if v != MISSING_VALUE}
-            records.append(
-                RunRecord(run_id, row["run_dir"], str(row[M.RUN_NAME]), row[M.STATUS], values, cfg,
-                          rs.history[row["run_id"]], extras)  # fmt: skip
-            )
+            name, status = str(row[M.RUN_NAME]), row[M.STATUS]
+            history = rs.history[row["run_id"]]
+            records.append(RunRecord(run_id, row["run_dir"], name, status, values, cfg, history, extras))
     return assemble(records, problems)
 
 
 def _is_extra(key: str) -> bool:
-    return key in (INIT_VAL_LOSS, FIRST_PROBE_STEP) or key.startswith(FIRST_PROBE_PREFIX) or bool(
-        EXTRAPOLATION_KEY.match(key)
+    return (
+        key in (INIT_VAL_LOSS, FIRST_PROBE_STEP)
+        or key.startswith(FIRST_PROBE_PREFIX)
+        or bool(EXTRAPOLATION_KEY.match(key))
     )
 
 

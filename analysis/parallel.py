@@ -3,7 +3,9 @@
 Reading a thousand runs and drawing dozens of figures are both CPU-bound Python (the GIL rules out threads).
 Forked children inherit the function and the items, so neither has to be picklable (closures over a RunSet
 are fine) and nothing large is copied in; only results travel back. Where fork is unavailable (Windows,
-macOS's default), with one worker, or with fewer than two items, the map runs in this process.
+macOS's default), with one worker, with fewer than two items, or while this process runs other Python threads
+(a fork copies their held locks, e.g. after W&B's client started some, and a child may deadlock on one), the
+map runs in this process.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -44,7 +47,13 @@ def fork_map(fn: Callable[[T], R], items: Sequence[T], workers: int = 1) -> list
     killer), the map is redone in this process rather than losing the report.
     """
     global _TASK
-    if workers <= 1 or len(items) < 2 or sys.platform != "linux" or _TASK is not None:
+    if (
+        workers <= 1
+        or len(items) < 2
+        or sys.platform != "linux"
+        or _TASK is not None
+        or threading.active_count() > 1
+    ):
         return [fn(x) for x in items]
     _TASK = (fn, items)
     try:

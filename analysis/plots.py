@@ -17,7 +17,7 @@ import io
 import math
 import re
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +31,15 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, LogFormatter, NullLocator
 from matplotlib.transforms import blended_transform_factory
 
-from analysis.compare import Comparison, LRSweep, fmt_value
-from analysis.load import EXTRAPOLATION_KEY, FIRST_PROBE_PREFIX, LAYER_KEY, MAX_ATTN_LOGIT_ALL, RunSet
+from analysis.compare import Comparison, LRSweep
+from analysis.load import (
+    EXTRAPOLATION_KEY,
+    FIRST_PROBE_PREFIX,
+    FIRST_PROBE_STEP,
+    LAYER_KEY,
+    MAX_ATTN_LOGIT_ALL,
+    RunSet,
+)
 from analysis.stats import mean_ci
 from lm_ablate import metrics as M
 
@@ -81,7 +88,9 @@ def _curve(rs: RunSet, run_id: str, metric: str) -> pd.Series:
     return hist[metric].dropna()
 
 
-def _thin(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS, peaks: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def _thin(
+    x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS, peaks: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """At most about ``limit`` points of a line, the last one kept: every k-th point, or with ``peaks`` the
     highest of every k (so a one-step spike still shows)."""
     if len(x) <= limit:
@@ -115,10 +124,13 @@ def _grid(n: int) -> tuple[int, int]:
     return math.ceil(n / cols), cols
 
 
-def _panels(n: int, legend_rows: int = 1) -> tuple[Figure, list[Axes]]:
+def _panels(n: int, labels: Sequence[str] = (), extra: int = 0) -> tuple[Figure, list[Axes]]:
     """A figure of ``n`` panels with fixed margins (inches): room for a suptitle above, two-line panel
-    titles, and a legend of ``legend_rows`` rows below."""
+    titles, and below a legend of ``labels`` (wrapped as :func:`_legend` wraps them) and ``extra`` one-line
+    entries, in as many columns as the width takes."""
     rows, cols = _grid(n)
+    lines = max([_text(label, 30).count("\n") + 1 for label in labels] + [1])
+    legend_rows = math.ceil((len(labels) + extra) / _legend_cols(PANEL_W * cols)) * lines
     top, bottom, left, right = 0.55, 0.6 + 0.22 * legend_rows, 0.62, 0.15
     gap_w, gap_h = 0.6, 0.85
     width, height = PANEL_W * cols, PANEL_H * rows + top + bottom - 0.4
@@ -175,15 +187,16 @@ def _not_completed_note(rs: RunSet, comp: Comparison, contexts: list[str], avera
     return f" Dashed: runs {what}: {shown}{more}."
 
 
-def _legend_rows(n_handles: int) -> int:
-    return math.ceil(n_handles / 5)
+def _legend_cols(width: float) -> int:
+    """Legend columns that fit a figure ``width`` inches wide (an entry of up to 30 characters at 8 pt)."""
+    return max(1, min(5, int(width // 2.6)))
 
 
 def _legend(fig: Figure, labels: list[str], extra: list[Line2D]) -> None:
     handles: list = [Patch(color=COLORS[i % len(COLORS)], label=_text(a, 30)) for i, a in enumerate(labels)]
     handles += extra
-    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncols=min(len(handles), 5),
-               fontsize=8, frameon=False)  # fmt: skip
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), fontsize=8, frameon=False,
+               ncols=min(len(handles), _legend_cols(fig.get_figwidth())))  # fmt: skip
 
 
 def _style(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
@@ -212,13 +225,13 @@ def _title(what: str, comp: Comparison, page: int, pages: int) -> str:
 
 
 # --- curves over steps ----------------------------------------------------------------------------------
-Series = Callable[[str], pd.Series]  # run_id -> values indexed by step
+CurveOf = Callable[[str], pd.Series]  # run_id -> values indexed by step
 
 
 def curve_figures(
     rs: RunSet,
     comp: Comparison,
-    series: Series,
+    series: CurveOf,
     *,
     label: str,
     kind: str,
@@ -245,7 +258,7 @@ def curve_figures(
     ylabel = label + (f" (EMA {smoothing:g})" if smoothing else "")
     out = []
     for page, contexts in enumerate(pages, 1):
-        fig, axes = _panels(len(contexts), _legend_rows(len(comp.arms) + len(extra)))
+        fig, axes = _panels(len(contexts), comp.arms, len(extra))
         drawn = False
         for ax, context in zip(axes, contexts):
             ylims: list[float] = []
@@ -292,7 +305,8 @@ def curve_figures(
         fig.suptitle(_text(title, 90), fontsize=11)
         text = (
             caption
-            + " Solid line: mean over completed runs at the steps all of them logged; band: min–max over seeds"
+            + " Solid line: mean over completed runs at the steps all of them logged;"
+            + " band: min–max over seeds"
             + (f"; each run EMA-smoothed (β={smoothing:g}) first" if smoothing else "")
             + "."
             + _not_completed_note(rs, comp, contexts)
@@ -307,7 +321,11 @@ def _has(rs: RunSet, comp: Comparison, metric: str) -> bool:
 
 
 def loss_figures(
-    rs: RunSet, comp: Comparison, metric: str = M.VAL_LOSS, smoothing: float = 0.0, max_pages: int | None = None
+    rs: RunSet,
+    comp: Comparison,
+    metric: str = M.VAL_LOSS,
+    smoothing: float = 0.0,
+    max_pages: int | None = None,
 ) -> list[PlotFigure]:
     """Loss (or any logged metric) per arm, one panel per context: see :func:`curve_figures`."""
     kind = "val-loss" if metric == M.VAL_LOSS else "train-loss" if metric == M.TRAIN_LOSS else slug(metric)
@@ -363,7 +381,7 @@ def grad_norm_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None
     ]
     out = []
     for page, contexts in enumerate(pages, 1):
-        fig, axes = _panels(len(contexts), _legend_rows(len(comp.arms) + len(extra)))
+        fig, axes = _panels(len(contexts), comp.arms, len(extra))
         drawn = False
         for ax, context in zip(axes, contexts):
             for arm in comp.arms:
@@ -373,8 +391,8 @@ def grad_norm_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None
                     if g.empty:
                         continue
                     ls = "-" if status[r] == M.STATUS_COMPLETED else "--"
-                    ax.plot(*_thin(g.index.to_numpy(), g.to_numpy(), MAX_POINTS // 3, peaks=True), color=colors[arm],
-                            lw=0.8, ls=ls, alpha=0.75)  # fmt: skip
+                    x, y = _thin(g.index.to_numpy(), g.to_numpy(), MAX_POINTS // 3, peaks=True)
+                    ax.plot(x, y, color=colors[arm], lw=0.8, ls=ls, alpha=0.75)
                     flags = _curve(rs, r, M.SPIKE_GRAD_NORM)
                     spikes = g[g.index.isin(flags.index[flags == 1])]
                     if len(spikes):
@@ -426,7 +444,7 @@ def _profile_figures(
     extra = [Line2D([], [], color="0.3", marker="o", label="mean over runs; bars: 95% CI")]
     out = []
     for page, contexts in enumerate(pages, 1):
-        fig, axes = _panels(len(contexts), _legend_rows(len(comp.arms) + 1))
+        fig, axes = _panels(len(contexts), comp.arms, 1)
         drawn = False
         for ax, context in zip(axes, contexts):
             xs_all: set[float] = set()
@@ -479,9 +497,9 @@ def _layer_columns(rs: RunSet) -> dict[str, int]:
     """run-table column -> layer index, for the first probe's per-layer gradient norms."""
     out = {}
     for col in rs.runs.columns:
-        if col.startswith(FIRST_PROBE_PREFIX) and (m := LAYER_KEY.match(col[len(FIRST_PROBE_PREFIX) :])):
-            if m.group(2) == M.GRAD_NORM_LAYER:
-                out[col] = int(m.group(1))
+        m = LAYER_KEY.match(col[len(FIRST_PROBE_PREFIX) :]) if col.startswith(FIRST_PROBE_PREFIX) else None
+        if m and m.group(2) == M.GRAD_NORM_LAYER:
+            out[col] = int(m.group(1))
     return out
 
 
@@ -504,7 +522,7 @@ def init_grad_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None
     def values(r: str) -> pd.Series:
         return table.loc[r].dropna().rename(r)
 
-    steps = pd.to_numeric(rs.runs.get("first_probe_step", pd.Series(dtype=float)), errors="coerce").dropna()
+    steps = pd.to_numeric(rs.runs.get(FIRST_PROBE_STEP, pd.Series(dtype=float)), errors="coerce").dropna()
     at = f" (step {int(steps.min())})" if len(steps) and steps.min() == steps.max() else ""
     return _profile_figures(
         rs, comp, values, lambda status: True, what="per-layer grad norm at init", kind="init-grad-norm",
@@ -564,7 +582,9 @@ def _lr_layout(sweep: LRSweep) -> tuple[str | None, list[tuple[str, list[str]]]]
     if not sweep.others:
         return None, [("", list(sweep.contexts))]
     if not fitting:
-        chunks = [sweep.contexts[i : i + LINES_PER_PANEL] for i in range(0, len(sweep.contexts), LINES_PER_PANEL)]
+        chunks = [
+            sweep.contexts[i : i + LINES_PER_PANEL] for i in range(0, len(sweep.contexts), LINES_PER_PANEL)
+        ]
         return None, [("", c) for c in chunks]
     line_axis = max(fitting, key=lambda a: (counts[a], -sweep.others.index(a)))
     panels: dict[str, list[str]] = {}
@@ -600,7 +620,7 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
     out = []
     for page, group in enumerate(shown_pages, 1):
         page_labels = labels if line_axis else [c for _, cs in group for c in cs]
-        fig, axes = _panels(len(group), _legend_rows(len(page_labels) + len(extra)))
+        fig, axes = _panels(len(group), page_labels, len(extra))
         for ax, (title, contexts) in zip(axes, group):
             trans = blended_transform_factory(ax.transData, ax.transAxes)
             for context in contexts:
@@ -612,10 +632,14 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
                     mean = sel[f"{final}_mean"].to_numpy(dtype=float)
                     err = np.vstack([mean - sel[f"{final}_ci_low"], sel[f"{final}_ci_high"] - mean])
                     err = np.where(np.isfinite(err), err, 0.0)
-                    ax.errorbar(sel["lr"], mean, yerr=err, color=color, marker=marker, ms=4, lw=1.4, capsize=2.5)
+                    ax.errorbar(
+                        sel["lr"], mean, yerr=err, color=color, marker=marker, ms=4, lw=1.4, capsize=2.5
+                    )
                 b = best.loc[context]
                 if np.isfinite(b["best_lr"]):
-                    ax.plot(b["best_lr"], b[f"{final}_mean"], marker="o", ms=12, mfc="none", mec=color, mew=1.5)
+                    ax.plot(
+                        b["best_lr"], b[f"{final}_mean"], marker="o", ms=12, mfc="none", mec=color, mew=1.5
+                    )
                 div = pts[pts["n_diverged"] > 0]
                 if len(div):
                     ax.plot(div["lr"], [0.97 - 0.035 * (i % 8)] * len(div), ls="", marker="X", ms=6,
@@ -627,15 +651,17 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
             f" ({page}/{len(shown_pages)})" if len(shown_pages) > 1 else ""
         )
         fig.suptitle(_text(title, 90), fontsize=11)
+        colour = (
+            f"; colour: {line_axis}, one panel per value of the rest" if line_axis and len(panels) > 1 else ""
+        )
+        omitted = len(shown_pages) < len(pages) and page == len(shown_pages)
         caption = (
-            f"Final validation loss against {sweep.axis.name} (log scale), one line per arm (the values of the "
-            "other varied axes"
-            + (f"; colour: {line_axis}, one panel per value of the rest" if line_axis and len(panels) > 1 else "")
-            + "): mean over completed runs with 95% Student-t bars (none with one seed). The circle marks each "
-            "arm's best LR; an X along the top marks an LR at which a run of that arm diverged (a diverged "
-            "run has no final loss to plot)."
+            f"Final validation loss against {sweep.axis.name} (log scale), one line per arm (the values "
+            f"of the other varied axes{colour}): mean over completed runs with 95% Student-t bars (none with "
+            "one seed). The circle marks each arm's best LR; an X along the top marks an LR at which a run of "
+            "that arm diverged (a diverged run has no final loss to plot)."
             + (f" Only the first {sum(len(p) for p in shown_pages)} of {len(panels)} panels are drawn; the "
-               "table holds every arm." if len(shown_pages) < len(pages) and page == len(shown_pages) else "")
+               "table holds every arm." if omitted else "")
         )  # fmt: skip
         out.append(PlotFigure(f"{slug(sweep.axis.name)}_lr-sweep_{page}", title, caption, _png(fig)))
     return out

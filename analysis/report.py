@@ -59,6 +59,7 @@ REPORT_COLUMNS = frozenset(
 def report_columns(name: str) -> bool:
     return name in REPORT_COLUMNS
 
+
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;
  padding:0 1em;color:#222;line-height:1.45}
@@ -177,6 +178,15 @@ def _summary_blocks(rs: RunSet, cs: ComparisonSet) -> list[Block]:
         )
     if cs.left_out:
         items.append("Left out of comparisons (no readable config): " + ", ".join(cs.left_out) + ".")
+    compared = {k for comp in cs.comparisons for k in comp.axis.keys}
+    uncompared = [axis.name for axis in cs.varied if not set(axis.keys) & compared]
+    if len(studies) > 1 or uncompared:
+        parts = [f"they come from {len(studies)} studies ({', '.join(studies)})"] if len(studies) > 1 else []
+        parts += ["also varied but not compared: " + ", ".join(uncompared)] if uncompared else []
+        items.append(
+            "Warning: the runs differ in more than the compared axes: " + "; ".join(parts)
+            + ". Each comparison holds the other varied keys fixed within a context; nothing is pooled across them."
+        )
     items += cs.notes
     out.append(Bullets(items))
     if cs.fixed:
@@ -230,7 +240,7 @@ def _comparison_table(comp: Comparison) -> Table:
                 _pm(r, M.BEST_VAL_LOSS),
                 _pm(r, M.GRAD_NORM_SPIKES, digits=1),
                 _pm(r, M.LOSS_SPIKES, digits=1),
-                f"{rate_text(r['grad_norm_spikes_per_1k_steps'])}, {rate_text(r['loss_spikes_per_1k_steps'])}",
+                ", ".join(rate_text(r[f"{k}_spikes_per_1k_steps"]) for k in ("grad_norm", "loss")),
                 f"{r['n_diverged']}/{r['n_runs']}" if r["n_runs"] else "–",
                 _pm(r, M.MEAN_TOKENS_PER_SEC, digits=0, comma=True),
                 "" if r["is_baseline"] else ratio_text(r["tokens_per_sec_ratio"]),
@@ -280,8 +290,10 @@ def _lr_blocks(sweep: LRSweep, figures: list[PlotFigure]) -> list[Block]:
             str(int(b[f"{final}_n"])), str(int(b["n_diverged_at_best"])), str(int(b["n_diverged"])),
             num(b["lr_sensitivity"]), num(b["loss_init"]), num(b["loss_star"]),
         ])  # fmt: skip
-    headers = ["arm", "LR grid", "best LR", "final val loss at best (mean ± 95% CI)", "seeds",
-               "diverged at best", "diverged (all LRs)", "LR sensitivity", "loss at init", "loss*"]  # fmt: skip
+    headers = [
+        "arm", "LR grid", "best LR", "final val loss at best (mean ± 95% CI)", "seeds", "diverged at best",
+        "diverged (all LRs)", "LR sensitivity", "loss at init", "loss*",
+    ]  # fmt: skip
     out.append(Table(headers, rows, frozenset({3, 4, 5, 6, 7, 8, 9})))
     point_rows = [
         [p["context"], fmt_value(p["lr"]), str(p["n_runs"]), str(p["n_completed"]), str(p["n_diverged"]),
@@ -553,9 +565,12 @@ def write_table(df: pd.DataFrame, out: Path, stem: str) -> None:
             try:
                 pa.array(frame[col], from_pandas=True)
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-                frame[col] = frame[col].map(lambda v: v if v is None or (isinstance(v, float) and math.isnan(v))
-                                            else str(v))  # fmt: skip
+                frame[col] = frame[col].map(_text_or_null)
     frame.to_parquet(out / f"{stem}.parquet", index=False)
+
+
+def _text_or_null(v: Any) -> Any:
+    return v if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
 
 def build_report(
@@ -615,7 +630,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--by", action="append", metavar="KEY", help="config key to compare (repeatable)")
     parser.add_argument("--baseline", metavar="KEY=VALUE", help="baseline arm, e.g. norm.name=layernorm")
     parser.add_argument("--title", help="report title (default: from the study name)")
-    parser.add_argument("--workers", type=int, help="processes for loading and drawing (default: CPUs, ≤ 8)")
+    parser.add_argument(
+        "--workers", type=int, help="processes for loading and drawing (default: CPUs, max 8)"
+    )
     args = parser.parse_args(argv)
     try:
         path = build_report(

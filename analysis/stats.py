@@ -98,8 +98,8 @@ def paired(
     if n < 2:
         return delta, math.nan, math.nan, math.nan, n
     se = float(d.std(ddof=1)) / math.sqrt(n)
-    if se == 0:
-        return delta, delta, delta, 1.0 if delta == 0 else 0.0, n
+    if se <= 1e-12 * max(1.0, abs(delta)):  # the same difference for every seed, up to float rounding
+        return delta, delta, delta, 1.0 if abs(delta) <= 1e-12 else 0.0, n
     half = t_quantile(0.5 + confidence / 2, n - 1) * se
     p = float(stats.ttest_rel(xa[ok], xb[ok]).pvalue)
     return delta, delta - half, delta + half, p, n

@@ -37,7 +37,9 @@ def _parse_project(spec: str) -> tuple[str, str]:
     return entity, project
 
 
-def workspace_spec(project: str, by: Sequence[str], group: str | None = None, name: str | None = None) -> dict:
+def workspace_spec(
+    project: str, by: Sequence[str], group: str | None = None, name: str | None = None
+) -> dict:
     """The workspace as plain data: ``{"entity", "project", "name", "group", "keys", "sections": [{"name",
     "groupby", "panels": [{"title", "metric", "groupby", "log_y"}]}]}``: a section per key."""
     entity, proj = _parse_project(project)
@@ -46,7 +48,10 @@ def workspace_spec(project: str, by: Sequence[str], group: str | None = None, na
         raise ValueError("give at least one --by config key, e.g. --by norm.placement")
 
     def section(key: str) -> dict[str, Any]:
-        panels = [{"title": f"{m} by {key}", "metric": m, "groupby": key, "log_y": m in LOG_Y} for m in PANEL_METRICS]
+        panels = [
+            {"title": f"{m} by {key}", "metric": m, "groupby": key, "log_y": m in LOG_Y}
+            for m in PANEL_METRICS
+        ]
         return {"name": f"by {key}", "groupby": key, "panels": panels}
 
     sections = [section(key) for key in keys]

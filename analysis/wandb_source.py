@@ -22,8 +22,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from analysis.load import (
+    BASE_COLUMNS,
+    EXTRAPOLATION_KEY,
+    LAYER_KEY,
     NONFINITE_STEP,
     STATUS_INCOMPLETE,
     AnalysisError,
@@ -165,39 +170,53 @@ def fetch(
     notes: list[str] = []
     rows: list[dict[str, Any]] = []
     (cache / HISTORY_DIR).mkdir(parents=True, exist_ok=True)
-    for run in api.runs(f"{entity}/{project}", filters=filters):
-        summary = _summary(run)
-        row = {
-            "run_id": str(run.id),
-            "name": str(getattr(run, "name", "") or run.id),
-            "group": str(getattr(run, "group", "") or ""),
-            "state": str(getattr(run, "state", "") or ""),
-            "url": str(getattr(run, "url", "") or ""),
-            "summary": summary,
-        }
-        row["version"] = _version(row)
-        history_file = cache / HISTORY_DIR / f"{_safe(row['run_id'])}.parquet"
-        prior = old.get(row["run_id"])
-        if not (prior and prior["version"] == row["version"] and row["state"] != "running"
-                and history_file.is_file()):  # fmt: skip
-            try:
-                hist = history_frame(_history_rows(run))
-            except Exception as exc:  # noqa: BLE001 - one run's failed download must not lose the rest
-                notes.append(f"{row['run_id']}: W&B history not downloaded ({one_line(exc)}); history empty")
-                hist = history_frame([])
-                row["version"] = ""  # fetch again next time
-            _write_history(hist, history_file)
-        rows.append({
-            **{k: v for k, v in row.items() if k != "summary"},
-            "config_json": _json(_config(run)),
-            "summary_json": _json(summary),
-        })  # fmt: skip
+    try:  # lazy=False: config and summary come with the listing, not one request per run (wandb >= 0.2x)
+        listing = api.runs(f"{entity}/{project}", filters=filters, lazy=False)
+    except TypeError:
+        listing = api.runs(f"{entity}/{project}", filters=filters)
+    for run in listing:
+        try:
+            rows.append(_fetch_run(run, cache, old, notes))
+        except Exception as exc:  # noqa: BLE001 - one malformed run must not lose the others
+            notes.append(f"{getattr(run, 'id', '?')}: W&B run not read ({one_line(exc)}); left out")
     fetched = pd.DataFrame(rows, columns=["run_id", "name", "group", "state", "url", "version", "config_json",
                                           "summary_json"])  # fmt: skip
     keep_old = cached[~cached["run_id"].isin(fetched["run_id"])] if len(cached) else cached
     table = pd.concat([keep_old, fetched], ignore_index=True) if len(keep_old) else fetched
-    table.to_parquet(cache / RUNS_FILE, index=False)
+    tmp = cache / f".{RUNS_FILE}.tmp"
+    table.to_parquet(tmp, index=False)
+    tmp.replace(cache / RUNS_FILE)  # a fetch killed mid-write leaves the previous cache, not half a file
     return table, notes
+
+
+def _fetch_run(run: Any, cache: Path, old: dict[str, dict[str, Any]], notes: list[str]) -> dict[str, Any]:
+    """One run's row of the runs table; its history is downloaded into the cache unless the cached copy is of
+    the same version (and the run is not running)."""
+    summary = _summary(run)
+    row = {
+        "run_id": str(run.id),
+        "name": str(getattr(run, "name", "") or run.id),
+        "group": str(getattr(run, "group", "") or ""),
+        "state": str(getattr(run, "state", "") or ""),
+        "url": str(getattr(run, "url", "") or ""),
+        "summary": summary,
+    }
+    row["version"] = _version(row)
+    history_file = cache / HISTORY_DIR / f"{_safe(row['run_id'])}.parquet"
+    prior = old.get(row["run_id"])
+    fresh = (
+        prior and prior["version"] == row["version"] and row["state"] != "running" and history_file.is_file()
+    )
+    if not fresh:
+        try:
+            hist = history_frame(_history_rows(run))
+        except Exception as exc:  # noqa: BLE001 - a failed download leaves this run without history
+            notes.append(f"{row['run_id']}: W&B history not downloaded ({one_line(exc)}); history empty")
+            hist = history_frame([])
+            row["version"] = ""  # fetch again next time
+        _write_history(hist, history_file)
+    row.pop("summary")
+    return {**row, "config_json": _json(_config(run)), "summary_json": _json(summary)}
 
 
 def _safe(run_id: str) -> str:
@@ -209,9 +228,6 @@ def _write_history(hist: pd.DataFrame, path: Path) -> None:
     frame = hist.reset_index()
     frame.attrs = {}
     nonfinite = hist.attrs.get(NONFINITE_STEP)
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     table = pa.Table.from_pandas(frame, preserve_index=False)
     meta = dict(table.schema.metadata or {})
     meta[b"lm_ablate_nonfinite_step"] = json.dumps(nonfinite).encode()
@@ -221,8 +237,6 @@ def _write_history(hist: pd.DataFrame, path: Path) -> None:
 
 
 def _read_history(path: Path, keep: Keep | None) -> pd.DataFrame:
-    import pyarrow.parquet as pq
-
     schema = pq.read_schema(path)
     names = [n for n in schema.names if n == M.STEP or keep is None or _needed(n, keep)]
     table = pq.read_table(path, columns=names)
@@ -236,8 +250,6 @@ def _read_history(path: Path, keep: Keep | None) -> pd.DataFrame:
 
 def _needed(name: str, keep: Keep) -> bool:
     """Columns read from the cache: what ``keep`` asks for, what summaries and run-level values need."""
-    from analysis.load import BASE_COLUMNS, EXTRAPOLATION_KEY, LAYER_KEY
-
     layer = LAYER_KEY.match(name)
     return (
         keep(name)
@@ -250,7 +262,7 @@ def _needed(name: str, keep: Keep) -> bool:
 def _read_runs_table(cache: Path) -> pd.DataFrame:
     try:
         return pd.read_parquet(cache / RUNS_FILE)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+    except Exception as exc:  # pyarrow raises several types for a damaged file
         raise AnalysisError(f"W&B cache {cache / RUNS_FILE} is unreadable ({one_line(exc)})") from exc
 
 
@@ -296,14 +308,17 @@ def records_from_cache(
             values = summary_values(ours, hist, str(row["name"]))
         else:  # some other writer: recompute from the history, with W&B's step count and runtime
             values = summary_values(None, hist, str(row["name"]))
-            values.update({k: float(summary[w]) for k, w in W_SUMMARY.items() if _number(summary.get(w)) is not None})
+            values.update(
+                {k: float(summary[w]) for k, w in W_SUMMARY.items() if _number(summary.get(w)) is not None}
+            )
         values[M.RUN_NAME] = ours.get(M.RUN_NAME) or row["name"]
         values[M.GROUP] = ours.get(M.GROUP) or row["group"] or None
         status = _status(summary, str(row["state"]))
         location = row.get("url") or f"wandb:{entity}/{project}/{run_id}"
+        flat = flatten(config) if config else None
+        kept = finish_history(hist, keep)
         records.append(
-            RunRecord(run_id, location, str(row["name"]), status, values,
-                      flatten(config) if config else None, finish_history(hist, keep), extras, problems)  # fmt: skip
+            RunRecord(run_id, location, str(row["name"]), status, values, flat, kept, extras, problems)
         )
     return records
 
@@ -336,7 +351,9 @@ def load_wandb(
             raise
         except Exception as exc:  # noqa: BLE001 - network, auth, API errors: use the cache if there is one
             if not (cache / RUNS_FILE).is_file():
-                raise AnalysisError(f"W&B fetch of {project} failed ({one_line(exc)}) and no cache at {cache}")
+                raise AnalysisError(
+                    f"W&B fetch of {project} failed ({one_line(exc)}) and no cache at {cache}"
+                )
             problems.append(f"W&B fetch of {project} failed ({one_line(exc)}); report built from the cache")
             table = _read_runs_table(cache)
     records = records_from_cache(cache, table, entity, name, group, keep)

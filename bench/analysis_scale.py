@@ -1,4 +1,4 @@
-"""How long does ``build_report`` take on a large sweep? (a benchmark, not a test: nothing here asserts a time)
+"""How long does ``build_report`` take on a large sweep? (A benchmark, not a test: nothing asserts a time.)
 
 Usage::
 
@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lm_ablate import metrics as M  # noqa: E402
+from lm_ablate import metrics as M
 
 TARGET_S = 20.0
 N_LAYERS = 4
@@ -64,11 +64,15 @@ def _run(job: tuple[Path, dict, int, int, int]) -> None:
     run_dir.mkdir(parents=True)
     (run_dir / M.CONFIG_FILE).write_text(_config(arm, seed, steps))
     lr, width = arm["optim.lr"], arm["model.d_model"]
-    floor = 2.0 + 0.3 * abs(math.log10(lr) + 2.2) + 60 / width + (0.05 if arm["norm.placement"] == "post" else 0)
+    floor = (
+        2.0 + 0.3 * abs(math.log10(lr) + 2.2) + 60 / width + (0.05 if arm["norm.placement"] == "post" else 0)
+    )
     t = np.arange(steps + 1)
     loss = floor + 3.5 * np.exp(-t / (steps / 8)) + 0.03 * rng.standard_normal(steps + 1)
     grad = 0.5 + 0.5 * np.exp(-t / 300) + 0.05 * rng.standard_normal(steps + 1) ** 2
-    diverge_at = int(rng.integers(steps // 4, steps)) if lr >= 1e-1 and arm["norm.placement"] == "post" else None
+    diverge_at = (
+        int(rng.integers(steps // 4, steps)) if lr >= 1e-1 and arm["norm.placement"] == "post" else None
+    )
     running_until = int(steps * 0.6) if index % 97 == 5 else None
     tps = 2e5 * (1.0 if arm["norm.name"] == "rmsnorm" else 0.95) / (width / 256)
     lines = [json.dumps({M.STEP: 0, M.VAL_LOSS: 10.4 + 0.01 * rng.standard_normal(), M.TOKENS: 0})]
@@ -102,14 +106,16 @@ def _run(job: tuple[Path, dict, int, int, int]) -> None:
             row[M.VAL_LOSS] = float(loss[s] + 0.02)
         if s == steps:
             for k in (2, 4, 8):
-                row[f"val/loss@{k}x"] = float(loss[s] + 0.02 + 0.1 * math.log2(k) * (1.5 if width < 256 else 1))
+                row[f"val/loss@{k}x"] = float(
+                    loss[s] + 0.02 + 0.1 * math.log2(k) * (1.5 if width < 256 else 1)
+                )
         lines.append(json.dumps({M.STEP: s, **row}))
         if running_until is not None and s == running_until:
             end = s
             break
     text = "\n".join(lines) + "\n"
     if running_until is not None:
-        text += '{"step": %d, "train/lo' % (end + 1)  # killed mid-write
+        text += f'{{"step": {end + 1}, "train/lo'  # killed mid-write
     (run_dir / M.METRICS_FILE).write_text(text)
     status = M.STATUS_DIVERGED if diverge_at else M.STATUS_RUNNING if running_until else M.STATUS_COMPLETED
     final_val = float(loss[min(end, steps)] + 0.02)

@@ -13,7 +13,11 @@ backward, clip, AdamW):
     rope-nocat     components/position.py RotaryPosition._rotate_one: with fraction 1 (nothing passes
                    through) skip the slice and the concatenation with an empty tail, a full copy of q and k
                    per layer, forward and backward
-    both           the two together
+    rmsnorm-fn     components/norm.py: RMSNorm as one autograd.Function with a hand-written backward (5 tensor
+                   ops forward and backward) instead of torch's nn.RMSNorm, which on CPU runs as a composite of
+                   pow / mean / add / rsqrt / mul and differentiates through each (3-5x LayerNorm's time)
+    both           swiglu-split + rope-nocat
+    all-three      swiglu-split + rope-nocat + rmsnorm-fn
     fused-adamw    lm_ablate/optim.py: torch.optim.AdamW(fused=True) on CPU too (the fused CPU kernel exists
                    since torch 2.4; the current code asks for it on CUDA only)
 """
@@ -37,7 +41,34 @@ from torch import nn  # noqa: E402
 from lm_ablate.components.ffn import GatedFFN  # noqa: E402
 from lm_ablate.components.position import RotaryPosition  # noqa: E402
 
-ORIGINAL = {"ffn": GatedFFN.forward, "rope": RotaryPosition._rotate_one}
+ORIGINAL = {"ffn": GatedFFN.forward, "rope": RotaryPosition._rotate_one, "rms": nn.RMSNorm.forward}
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """y = x * r * w with r = rsqrt(mean(x^2) + eps) over the last dim; saves x * r and r."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
+        xhat = x * r
+        ctx.save_for_backward(xhat, r, weight)
+        return xhat * weight
+
+    @staticmethod
+    def backward(ctx, gy):
+        xhat, r, weight = ctx.saved_tensors
+        gxhat = gy * weight
+        gw = (gy * xhat).reshape(-1, xhat.shape[-1]).sum(0)
+        gx = (gxhat - xhat * (gxhat * xhat).mean(-1, keepdim=True)).mul_(r)
+        return gx, gw, None
+
+
+def rmsnorm_fn_forward(self, x):
+    """Proposed RMSNorm forward (the plain rmsnorm option; the Gemma unit-offset subclass keeps its own)."""
+    if self.weight is None or len(self.normalized_shape) != 1 or x.dtype != self.weight.dtype:
+        return ORIGINAL["rms"](self, x)
+    eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+    return RMSNormFunction.apply(x, self.weight, eps)
 
 
 def ffn_split_forward(self, x):
@@ -59,13 +90,14 @@ def rope_nocat(self, x, cos, sin):
 
 
 @contextmanager
-def patched(ffn: bool, rope: bool):
+def patched(ffn: bool, rope: bool, rms: bool = False):
     GatedFFN.forward = ffn_split_forward if ffn else ORIGINAL["ffn"]
     RotaryPosition._rotate_one = rope_nocat if rope else ORIGINAL["rope"]
+    nn.RMSNorm.forward = rmsnorm_fn_forward if rms else ORIGINAL["rms"]
     try:
         yield
     finally:
-        GatedFFN.forward, RotaryPosition._rotate_one = ORIGINAL["ffn"], ORIGINAL["rope"]
+        GatedFFN.forward, RotaryPosition._rotate_one, nn.RMSNorm.forward = ORIGINAL["ffn"], ORIGINAL["rope"], ORIGINAL["rms"]
 
 
 class Setup:
@@ -94,9 +126,9 @@ class Setup:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.reg.grad_clip or math.inf)
         opt.step()
 
-    def candidate(self, steps: int, ffn=False, rope=False, fused=False):
+    def candidate(self, steps: int, ffn=False, rope=False, rms=False, fused=False):
         def run() -> float:
-            with patched(ffn, rope):
+            with patched(ffn, rope, rms):
                 tic = now()
                 for _ in range(steps):
                     self.step(fused)
@@ -104,15 +136,20 @@ class Setup:
 
         return run
 
-    def check(self) -> float:
-        """Max |logit difference| of the patched forward against the current one (eval mode)."""
-        self.model.eval()
-        with torch.no_grad():
-            ref = self.model(self.x[:2])
-            with patched(True, True):
-                new = self.model(self.x[:2])
-        self.model.train()
-        return (ref - new).abs().max().item()
+    def check(self) -> tuple[float, float]:
+        """Max |difference| of the patched model against the current one: logits, and parameter gradients."""
+        x, y = self.x[:2], self.y[:2]
+        self.model.zero_grad(set_to_none=True)
+        ref = self.model(x)
+        self.reg.loss(ref, y)[0].backward()
+        ref_grads = [p.grad.clone() for p in self.model.parameters()]
+        self.model.zero_grad(set_to_none=True)
+        with patched(True, True, True):
+            new = self.model(x)
+            self.reg.loss(new, y)[0].backward()
+        grad_diff = max((p.grad - g).abs().max().item() for p, g in zip(self.model.parameters(), ref_grads))
+        self.model.zero_grad(set_to_none=True)
+        return (ref - new).abs().max().item(), grad_diff
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,9 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name, (ov, batch, vocab) in shapes.items():
         s = Setup(ov, batch, vocab)
-        print(f"\n-- {name}: {s.label}; patched logits differ by {s.check():.1e}")
+        logit_diff, grad_diff = s.check()
+        print(f"\n-- {name}: {s.label}; all patches: logits differ by {logit_diff:.1e}, gradients by {grad_diff:.1e}")
         cands = {"current": s.candidate(a.steps), "swiglu-split": s.candidate(a.steps, ffn=True),
-                 "rope-nocat": s.candidate(a.steps, rope=True), "both": s.candidate(a.steps, ffn=True, rope=True),
+                 "rope-nocat": s.candidate(a.steps, rope=True), "rmsnorm-fn": s.candidate(a.steps, rms=True),
+                 "both": s.candidate(a.steps, ffn=True, rope=True),
+                 "all-three": s.candidate(a.steps, ffn=True, rope=True, rms=True),
                  "fused-adamw": s.candidate(a.steps, fused=True)}
         for c in cands.values():
             c()

@@ -251,8 +251,6 @@ def test_damaged_or_mixed_runs_still_make_a_report(make, expect, inputs: Inputs,
     assert not missing, f"{missing} not in report.md"
 
 
-@pytest.mark.xfail(strict=True, reason="analysis/report.py: the summary does not warn that the runs differ in more "
-                   "than the compared axes (several studies, or varied keys left out by --by)")
 def test_mixed_studies_are_flagged_in_the_summary(inputs: Inputs, tmp_path: Path) -> None:
     _mixed_studies(inputs, tmp_path / "runs")
     out = run_cli([sys.executable, "-m", "analysis.report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep"),

@@ -1,0 +1,578 @@
+"""analysis/ along any axis: LR sweeps (best LR, LR sensitivity), paired tests, spike and divergence rates,
+the W&B source and its Parquet cache, the new figures, W&B dashboards, the fast readers, and the report as a
+browser renders it.
+
+The LR sweep is synthetic: norm.placement (pre, post) x optim.lr (1e-3, 1e-2, 1e-1) x seeds 0-1, with final
+and initial losses chosen here so that LR sensitivity can be worked out by hand (below, in the test), one
+diverged run, one completed run that ended worse than at init, and one run still running.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+from scipy import stats as st
+
+from analysis import load as L
+from analysis.compare import compare_runs, compare_to_baseline, lr_sweep
+from analysis.load import load_runs
+from analysis.report import build_report, load_sources
+from analysis.report import main as report_main
+from analysis.stats import paired
+from lm_ablate import metrics as M
+
+LRS = (1e-3, 1e-2, 1e-1)
+STEPS = 40
+N_LAYERS = 3
+# (placement, lr) -> final val loss of seeds 0 and 1; None: the run diverged
+FINALS = {
+    ("post", 1e-3): [3.0, 3.2],
+    ("post", 1e-2): [2.5, 2.7],
+    ("post", 1e-1): [10.6, None],  # seed 0 ends above its init loss (10.0): capped at 10.0
+    ("pre", 1e-3): [3.1, 3.3],
+    ("pre", 1e-2): [2.9, 3.0],
+    ("pre", 1e-1): [2.4, 2.6],
+}
+GRAD_SPIKES = {("post", 1e-1): [2, 1]}  # grad-norm spikes of seeds 0 and 1 (else 0)
+DIVERGE_AT = 25
+XSS = "<img src=x onerror=alert(1)>"
+
+
+def _spikes(placement: str, lr: float, seed: int) -> int:
+    counts = GRAD_SPIKES.get((placement, lr), [])
+    return counts[seed] if seed < len(counts) else 0
+
+
+def init_loss(seed: int) -> float:
+    return 10.0 + 0.1 * seed
+
+
+def config(placement: str, lr: float, seed: int) -> dict:
+    return {
+        "model": {"name": "tiny", "d_model": 32, "n_layers": N_LAYERS, "context": 16},
+        "norm": {"name": "rmsnorm", "placement": placement},
+        "optim": {"name": "adamw", "lr": lr},
+        "train": {"max_steps": STEPS, "probe_every": 10, "device": "cpu"},
+        "seed": seed,
+        "study": "lr" + XSS,
+    }
+
+
+def metrics_rows(
+    placement: str, lr: float, seed: int, final: float | None, probes: bool = True
+) -> list[dict]:
+    """The loop's rows: val/loss at step 0 (init) and at the end (with extrapolation), probes at step 1 and
+    every 10 steps; a diverged run ends in a NaN loss at DIVERGE_AT."""
+    rows: list[dict] = [{M.STEP: 0, M.VAL_LOSS: init_loss(seed), M.TOKENS: 0}]
+    spikes = _spikes(placement, lr, seed)
+    for step in range(1, STEPS + 1):
+        end = final if final is not None else 5.0
+        row = {
+            M.STEP: step, M.TRAIN_LOSS: end + 5 * math.exp(-step / 8), M.GRAD_NORM: 1.0 + 0.01 * step,
+            M.SPIKE_GRAD_NORM: float(step <= spikes), M.SPIKE_GRAD_NORM_COUNT: min(step, spikes),
+        }  # fmt: skip
+        if probes and (step == 1 or step % 10 == 0):
+            for i in range(N_LAYERS):
+                grow = (1 + i) if placement == "post" else 1.0
+                row[M.layer_metric(i, M.GRAD_NORM_LAYER)] = 0.1 * grow + 0.001 * seed
+                row[M.layer_metric(i, M.MAX_ATTN_LOGIT)] = 2.0 + i + lr * step
+            row[M.LOGITS_MAX_ABS] = 5.0 + lr * step
+            row[M.LOGITS_MEAN_LOG_Z] = 3.0 + lr * step
+        if final is None and step == DIVERGE_AT:
+            row[M.TRAIN_LOSS], row[M.GRAD_NORM] = math.nan, math.inf
+            rows.append(row)
+            break
+        if step == STEPS:
+            row[M.VAL_LOSS] = final
+            for k in (2, 4):
+                row[M.val_loss_at(k)] = final + 0.1 * k * (2 if placement == "post" else 1)
+        rows.append(row)
+    return rows
+
+
+def write(run_dir: Path, cfg: dict | None, rows: list[dict], summary: dict | None) -> None:
+    run_dir.mkdir(parents=True)
+    if cfg is not None:
+        (run_dir / M.CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    (run_dir / M.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if summary is not None:
+        (run_dir / M.SUMMARY_FILE).write_text(json.dumps(summary))
+
+
+def summary(placement: str, lr: float, seed: int, final: float | None, status: str, steps: int) -> dict:
+    spikes = _spikes(placement, lr, seed)
+    return {
+        M.STATUS: status, M.RUN_NAME: f"{placement}-{lr}-s{seed}", M.SEED: seed,
+        M.FINAL_VAL_LOSS: final if final is not None else init_loss(seed), M.BEST_VAL_LOSS: final,
+        M.GRAD_NORM_SPIKES: spikes, M.LOSS_SPIKES: 0, M.MEAN_TOKENS_PER_SEC: 1000.0 + seed,
+        M.PARAMS_TOTAL: 1000, M.PARAMS_NON_EMBEDDING: 800, M.STEPS: steps, M.STOP_REASON: "max_steps",
+        M.DIVERGED_AT: DIVERGE_AT if final is None else None,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lr_sweep_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("lr") / "multirun"
+    job = 0
+    for (placement, lr), finals in FINALS.items():
+        for seed, final in enumerate(finals):
+            status = M.STATUS_COMPLETED if final is not None else M.STATUS_DIVERGED
+            rows = metrics_rows(placement, lr, seed, final)
+            write(root / str(job), config(placement, lr, seed), rows,
+                  summary(placement, lr, seed, final, status, rows[-1][M.STEP]))  # fmt: skip
+            job += 1
+    # still running (pre, 1e-2, seed 2): counted, never in a mean or in the sensitivity
+    rows = metrics_rows("pre", 1e-2, 2, 0.5)[:20]
+    write(root / str(job), config("pre", 1e-2, 2), rows, summary("pre", 1e-2, 2, 0.5, M.STATUS_RUNNING, 19))
+    return root
+
+
+@pytest.fixture(scope="module")
+def lr_report(lr_sweep_dir, tmp_path_factory) -> Path:
+    return build_report([lr_sweep_dir], tmp_path_factory.mktemp("lr_report"))
+
+
+def expected_ci(x: list[float]) -> tuple[float, float, float]:
+    a = np.array(x)
+    half = st.t.ppf(0.975, len(a) - 1) * a.std(ddof=1) / np.sqrt(len(a))
+    return a.mean(), a.mean() - half, a.mean() + half
+
+
+# --- LR sweeps ------------------------------------------------------------------------------------------
+def test_lr_sensitivity_and_best_lr_by_hand(lr_sweep_dir):
+    sweep = lr_sweep(load_runs([lr_sweep_dir]))
+    assert sweep is not None and sweep.lrs == list(LRS)
+    best = sweep.best.set_index("context")
+    # post: loss(lr) = mean over seeds of min(final, init), a diverged run counting as its init loss
+    post = {1e-3: (3.0 + 3.2) / 2, 1e-2: (2.5 + 2.7) / 2, 1e-1: (min(10.6, 10.0) + 10.1) / 2}
+    star = min(post.values())  # 2.6, at 1e-2
+    row = best.loc["norm.placement=post"]
+    assert row["lr_sensitivity"] == pytest.approx(
+        sum(v - star for v in post.values()) / 3
+    )  # (0.5 + 0 + 7.45)/3
+    assert row["loss_star"] == pytest.approx(2.6)
+    assert row["best_lr"] == 1e-2 and not row["best_at_edge"]
+    mean, low, high = expected_ci([2.5, 2.7])
+    assert (
+        row["final_val_loss_mean"],
+        row["final_val_loss_ci_low"],
+        row["final_val_loss_ci_high"],
+    ) == pytest.approx((mean, low, high))
+    assert (row["n_diverged"], row["n_diverged_at_best"], row["final_val_loss_n"]) == (1, 0, 2)
+    # pre: the running run (pre, 1e-2, seed 2, loss 0.5) would make 1e-2 the best if it were counted
+    pre = {1e-3: 3.2, 1e-2: 2.95, 1e-1: 2.5}
+    row = best.loc["norm.placement=pre"]
+    assert row["lr_sensitivity"] == pytest.approx(sum(v - 2.5 for v in pre.values()) / 3)
+    assert row["best_lr"] == 1e-1 and row["best_at_edge"]
+    assert row["loss_init"] == pytest.approx(np.mean([10.0, 10.1] * 3 + [10.2]))
+    points = sweep.points.set_index(["context", "lr"])
+    assert points.loc[("norm.placement=post", 1e-1), "n_diverged"] == 1
+    assert points.loc[("norm.placement=post", 1e-1), "final_val_loss_mean"] == pytest.approx(10.6)
+    assert points.loc[("norm.placement=pre", 1e-2), "n_runs"] == 3
+
+
+def test_no_lr_sweep_without_lr_axis(lr_sweep_dir, tmp_path):
+    for i, src in enumerate(sorted(lr_sweep_dir.iterdir(), key=lambda p: int(p.name))[:4]):
+        shutil.copytree(src, tmp_path / str(i))  # post at 1e-3 and 1e-2: lr varies
+    assert lr_sweep(load_runs([tmp_path])) is not None
+    shutil.rmtree(tmp_path / "2")
+    shutil.rmtree(tmp_path / "3")
+    assert lr_sweep(load_runs([tmp_path])) is None
+
+
+# --- tests against a baseline, rates --------------------------------------------------------------------
+def test_paired_matches_ttest_rel():
+    a, b = [3.0, 3.1, 3.25, 2.9], [3.2, 3.15, 3.4, 3.05]
+    d, low, high, p, n = paired(a, b)
+    diff = np.array(a) - np.array(b)
+    half = st.t.ppf(0.975, 3) * diff.std(ddof=1) / 2
+    assert n == 4 and p == pytest.approx(st.ttest_rel(a, b).pvalue)
+    assert (d, low, high) == pytest.approx((diff.mean(), diff.mean() - half, diff.mean() + half))
+    assert paired([1.0, float("nan"), 2.0], [0.5, 1.0, 1.0])[4] == 2  # a pair with a NaN is dropped
+    assert paired([1.0, 2.0], [0.0, 1.0])[1:4] == (1.0, 1.0, 0.0)  # constant difference: collapsed
+
+
+def test_compare_to_baseline_pairs_by_seed_else_welch():
+    def runs(seeds, losses):
+        return [{M.SEED: s, M.FINAL_VAL_LOSS: v} for s, v in zip(seeds, losses)]
+
+    a, b = [3.0, 3.1, 3.25], [3.2, 3.15, 3.4]
+    got = compare_to_baseline(runs([2, 0, 1], [a[2], a[0], a[1]]), runs([0, 1, 2, 7], b + [9.0]))
+    assert got["test"] == "paired" and got["n_pairs"] == 3  # seed 7 has no partner: left out
+    assert got["p_value"] == pytest.approx(st.ttest_rel(a, b).pvalue)
+    welch = compare_to_baseline(runs([0, 1, 2], a), runs([3, 4, 5], b))
+    assert welch["test"] == "welch" and welch["p_value"] == pytest.approx(
+        st.ttest_ind(a, b, equal_var=False).pvalue
+    )
+    assert compare_to_baseline(runs([0, 0, 1], a), runs([0, 1, 2], b))["test"] == "welch"  # repeated seed
+
+
+def test_spike_and_divergence_rates(lr_sweep_dir):
+    (comp,) = compare_runs(load_runs([lr_sweep_dir]), by=["norm.placement"]).comparisons
+    t = comp.table.set_index(["context", "arm"])
+    post = t.loc[("optim.lr=0.1", "post")]
+    # seed 0 completed 40 steps with 2 spikes, seed 1 diverged at step 25 after 1 spike: pooled per 1k steps
+    assert post["grad_norm_spikes_per_1k_steps"] == pytest.approx(1000 * 3 / (40 + 25))
+    assert post["divergence_rate"] == pytest.approx(0.5) and post["loss_spikes_per_1k_steps"] == 0
+    pre = t.loc[("optim.lr=0.01", "pre")]
+    assert pre["divergence_rate"] == 0 and pre["n_runs"] == 3 and pre["n_other"] == 1
+    assert pre["grad_norm_spikes_per_1k_steps"] == 0  # the running run is not pooled
+    assert post["test"] == "" and t.loc[("optim.lr=0.001", "pre"), "test"] == "paired"
+
+
+# --- report: sections, figures, tables ------------------------------------------------------------------
+NEW_FIGURES = ("init-grad-norm", "attn-logit", "logit-growth", "extrapolation")
+
+
+def test_report_has_lr_section_new_figures_and_parquet(lr_report):
+    out = lr_report.parent
+    html = lr_report.read_text()
+    assert "<h2>Learning rate (optim.lr)</h2>" in html and "grid edge" in html
+    assert "paired t (2 seeds)" in html and "spikes / 1k steps" in html
+    names = [p.name for p in out.glob("*.png")]
+    assert any("lr-sweep" in n for n in names)
+    for kind in NEW_FIGURES:
+        assert sum(kind in n for n in names) == 2, kind  # one per comparison (norm.placement, optim.lr)
+    assert html.count('src="data:image/png;base64,') == len(names)
+    for stem in ("runs", "comparisons", "lr_sweep", "lr_points"):
+        csv, parquet = pd.read_csv(out / f"{stem}.csv"), pd.read_parquet(out / f"{stem}.parquet")
+        assert len(csv) == len(parquet) > 0 and list(csv.columns) == list(parquet.columns)
+    runs = pd.read_parquet(out / "runs.parquet").set_index("run_id")
+    assert runs.loc["0", L.INIT_VAL_LOSS] == pytest.approx(10.0)
+    assert runs.loc["0", "val/loss@4x"] == pytest.approx(3.0 + 0.8)
+    assert runs.loc["0", L.FIRST_PROBE_PREFIX + M.layer_metric(2, M.GRAD_NORM_LAYER)] == pytest.approx(0.3)
+    assert runs.loc["0", L.FIRST_PROBE_STEP] == 1
+    assert XSS not in html and XSS not in (out / "report.md").read_text()
+
+
+def test_new_figures_skipped_cleanly_without_their_data(lr_sweep_dir, tmp_path):
+    from analysis import plots as P
+
+    for i, src in enumerate(sorted(lr_sweep_dir.iterdir(), key=lambda p: int(p.name))[:8]):
+        cfg = OmegaConf.to_container(OmegaConf.load(src / M.CONFIG_FILE))
+        placement, lr, seed = cfg["norm"]["placement"], cfg["optim"]["lr"], cfg["seed"]
+        rows = [r for r in metrics_rows(placement, lr, seed, 3.0, probes=False)]
+        for r in rows:  # a loop without extrapolation
+            r.pop(M.val_loss_at(2), None), r.pop(M.val_loss_at(4), None)
+        write(
+            tmp_path / "runs" / str(i),
+            cfg,
+            rows,
+            summary(placement, lr, seed, 3.0, M.STATUS_COMPLETED, STEPS),
+        )
+    rs = load_runs([tmp_path / "runs"])
+    comp = compare_runs(rs, by=["norm.placement"]).comparisons[0]
+    for fn in (
+        P.init_grad_figures,
+        P.attention_logit_figures,
+        P.logit_growth_figures,
+        P.extrapolation_figures,
+    ):
+        assert fn(rs, comp) == []
+    assert P.loss_figures(rs, comp) and P.grad_norm_figures(rs, comp)
+
+
+# --- readers --------------------------------------------------------------------------------------------
+def test_fast_metrics_reader_matches_careful_reader(tmp_path):
+    rows = metrics_rows("post", 1e-1, 1, None)  # diverged: NaN and Infinity
+    rows.insert(5, {M.STEP: 3, M.TRAIN_LOSS: 99.0})  # a resumed run re-logs step 3: the later row wins
+    text = "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 99, "train/lo'  # killed mid-write
+    data = text.encode()
+    problems_fast: list[str] = []
+    fast = L._read_metrics_fast(data, "r", problems_fast, None, True)
+    assert fast is not None
+    _, columns, steps, nonfinite, extras = fast
+    got = L._frame(columns, steps, nonfinite)
+    problems_slow: list[str] = []
+    want = L._read_metrics_lines(text, "r", problems_slow)
+    pd.testing.assert_frame_equal(got[sorted(got.columns)], want[sorted(want.columns)])
+    assert got.attrs == want.attrs == {L.NONFINITE_STEP: DIVERGE_AT}
+    assert problems_fast == problems_slow and "its last line (truncated write)" in problems_fast[0]
+    assert extras == L.frame_extras(want) and extras[L.FIRST_PROBE_STEP] == 1
+    assert got.loc[3, M.TRAIN_LOSS] == 99.0
+    # a file the fast reader cannot take goes to the careful one, whatever is wrong with it
+    assert L._read_metrics_fast(b'{"step": 1}\n[1]\n{"step": 2}\n', "r", [], None, True) is None
+    assert L._read_metrics_fast(b'{"step": 1.5}\n', "r", [], None, True) is None
+    # through read_metrics, with and without a column selection
+    (tmp_path / "m.jsonl").write_text(text)
+    kept, _ = L.read_metrics(tmp_path / "m.jsonl", "r", [], keep=lambda c: c == M.TRAIN_LOSS)
+    assert list(kept.columns) == [M.TRAIN_LOSS] and kept.attrs[L.NONFINITE_STEP] == DIVERGE_AT
+
+
+def test_fast_yaml_matches_omegaconf():
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    files = [p for p in conf.rglob("*.yaml") if "${" not in p.read_text()]
+    assert files
+    for path in files:
+        want = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        if isinstance(want, dict):
+            assert L._load_yaml(path) == want, path
+
+
+def test_parallel_loading_matches_sequential(lr_sweep_dir, monkeypatch):
+    one = load_runs([lr_sweep_dir], keep=lambda c: c == M.VAL_LOSS, workers=1)
+    monkeypatch.setattr(L, "PARALLEL_MIN_RUNS", 1)
+    two = load_runs([lr_sweep_dir], keep=lambda c: c == M.VAL_LOSS, workers=2)
+    pd.testing.assert_frame_equal(one.runs, two.runs)
+    assert one.problems == two.problems and one.history.keys() == two.history.keys()
+    for r in one.history:
+        pd.testing.assert_frame_equal(one.history[r], two.history[r])
+
+
+# --- W&B source -----------------------------------------------------------------------------------------
+class FakeRun:
+    """The attributes of wandb.apis.public.Run that the source reads."""
+
+    def __init__(self, run_id, group, state, config, summary, rows):
+        self.id, self.name, self.group, self.state = run_id, f"name-{run_id}", group, state
+        self.url = f"https://wandb.ai/ent/proj/runs/{run_id}"
+        self.config, self.summary, self.rows, self.scans = config, summary, rows, 0
+
+    def scan_history(self, page_size=1000, **_):
+        self.scans += 1
+        return iter(self.rows)
+
+
+class FakeApi:
+    def __init__(self, runs):
+        self._runs = runs
+
+    def runs(self, path, filters=None, **_):
+        assert path == "ent/proj"
+        return [r for r in self._runs if not filters or r.group == filters["group"]]
+
+
+def wandb_rows(rows: list[dict]) -> list[dict]:
+    """Our rows as W&B history: _step, bookkeeping, NaN as W&B's strings, a histogram that must be dropped."""
+    out = []
+    for r in rows:
+        row = {"_step": r[M.STEP], "_runtime": 0.1 * r[M.STEP], "_timestamp": 1.7e9 + r[M.STEP]}
+        for k, v in r.items():
+            if k != M.STEP:
+                row[k] = (
+                    ("NaN" if math.isnan(v) else "Infinity")
+                    if isinstance(v, float) and not math.isfinite(v)
+                    else v
+                )
+        row["weights"] = {"_type": "histogram", "values": [1, 2]}
+        out.append(row)
+    return out
+
+
+def fake_project() -> list[FakeRun]:
+    runs = []
+    for i, ((placement, lr), finals) in enumerate(FINALS.items()):
+        for seed, final in enumerate(finals):
+            status = M.STATUS_COMPLETED if final is not None else M.STATUS_DIVERGED
+            rows = metrics_rows(placement, lr, seed, final)
+            cfg = config(placement, lr, seed)
+            cfg["_wandb"] = {"cli_version": "0.31.0"}
+            cfg["optim"] = {"value": cfg["optim"], "desc": None}  # the API's wrapped form
+            summ = summary(placement, lr, seed, final, status, rows[-1][M.STEP])
+            summ.update({"_step": rows[-1][M.STEP], "_runtime": 4.0, M.VAL_LOSS: final})
+            runs.append(FakeRun(f"r{i}{seed}", "study", "finished", cfg, summ, wandb_rows(rows)))
+    # written by something else (no summary keys of ours), crashed: status from the state, values from history
+    rows = metrics_rows("pre", 1e-3, 5, 3.5)
+    runs.append(
+        FakeRun("other", "study", "crashed", config("pre", 1e-3, 5), {"_step": STEPS}, wandb_rows(rows))
+    )
+    runs.append(FakeRun("live", "study", "running", config("pre", 1e-2, 6),
+                        {M.STATUS: M.STATUS_RUNNING, "_step": 10}, wandb_rows(rows[:11])))  # fmt: skip
+    runs.append(FakeRun("elsewhere", "another", "finished", config("pre", 1e-2, 7), {}, []))
+    return runs
+
+
+def test_wandb_source_cache_and_offline(lr_sweep_dir, tmp_path, monkeypatch):
+    import wandb
+
+    from analysis.wandb_source import RUNS_FILE, load_wandb
+
+    project = fake_project()
+    monkeypatch.setattr(wandb, "Api", lambda *a, **k: FakeApi(project))
+    out = tmp_path / "out"
+    report = build_report(None, out, wandb="ent/proj", group="study", workers=1)
+    cache = out / "wandb_cache" / "ent_proj"
+    assert (cache / RUNS_FILE).is_file() and len(list((cache / "history").glob("*.parquet"))) == 14
+    runs = pd.read_csv(out / "runs.csv").set_index("run_id")
+    assert len(runs) == 14 and "elsewhere" not in runs.index  # another group
+    assert runs.loc["r21", M.STATUS] == M.STATUS_DIVERGED and runs.loc["other", M.STATUS] == M.STATUS_FAILED
+    assert runs.loc["live", M.STATUS] == M.STATUS_RUNNING
+    assert runs.loc["other", M.FINAL_VAL_LOSS] == pytest.approx(3.5)  # from the history: no summary of ours
+    assert runs.loc["other", M.STEPS] == STEPS and runs.loc["r00", "optim.lr"] == pytest.approx(1e-3)
+    assert (
+        runs.loc["r00", L.INIT_VAL_LOSS] == pytest.approx(10.0) and "_wandb.cli_version" not in runs.columns
+    )
+    assert runs.loc["r00", "run_dir"] == "https://wandb.ai/ent/proj/runs/r00"
+    html = report.read_text()
+    assert "<h2>Learning rate (optim.lr)</h2>" in html and "max attention logit by norm.placement" in html
+    rs = load_wandb("ent/proj", out / "wandb_cache", group="study", offline=True)
+    hist = rs.history["r21"]  # post, 1e-1, seed 1: diverged
+    assert hist.attrs[L.NONFINITE_STEP] == DIVERGE_AT and "weights" not in hist.columns
+    assert math.isinf(hist.loc[DIVERGE_AT, M.GRAD_NORM]) and hist.index[0] == 0
+    # a second fetch downloads only what may have changed (the running run)
+    scans = {r.id: r.scans for r in project}
+    load_wandb("ent/proj", out / "wandb_cache", group="study")
+    assert {
+        r.id: r.scans - scans[r.id] for r in project if r.group == "study" and r.scans != scans[r.id]
+    } == {"live": 1}
+
+    # run directories and a W&B project in one report: ids kept apart, configs merged
+    both = load_sources([lr_sweep_dir], out, wandb="ent/proj", group="study", offline=True)
+    assert len(both.runs) == 13 + 14 and both.runs["run_id"].is_unique and len(both.configs) == 27
+    assert lr_sweep(both).best["n_lrs"].tolist() == [3, 3]
+
+    # --offline: no API at all, same tables
+    def no_network(*a, **k):
+        raise AssertionError("--offline must not call wandb.Api")
+
+    monkeypatch.setattr(wandb, "Api", no_network)
+    assert (
+        report_main(
+            ["--wandb", "ent/proj", "--group", "study", "--offline", "--out", str(out), "--workers", "1"]
+        )
+        == 0
+    )
+    pd.testing.assert_frame_equal(pd.read_csv(out / "runs.csv").set_index("run_id"), runs)
+    # no cache: a one-line error, no traceback
+    assert report_main(["--wandb", "ent/other", "--offline", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_wandb_fetch_failure_falls_back_to_cache_and_damage_is_a_problem(tmp_path, monkeypatch):
+    import wandb
+
+    from analysis.load import AnalysisError
+    from analysis.wandb_source import load_wandb
+
+    monkeypatch.setattr(wandb, "Api", lambda *a, **k: FakeApi(fake_project()))
+    load_wandb("ent/proj", tmp_path, group="study")
+    (tmp_path / "ent_proj" / "history" / "r00.parquet").write_bytes(b"garbage")
+
+    class Down:
+        def runs(self, *a, **k):
+            raise ConnectionError("no route to host")
+
+    monkeypatch.setattr(wandb, "Api", lambda *a, **k: Down())
+    rs = load_wandb("ent/proj", tmp_path, group="study")
+    assert any("fetch of ent/proj failed" in p for p in rs.problems)
+    assert any(p.startswith("r00: cached W&B history unreadable") for p in rs.problems)
+    assert rs.history["r00"].empty and len(rs.runs) == 14
+    with pytest.raises(AnalysisError, match="no cache"):
+        load_wandb("ent/nothing", tmp_path)
+    with pytest.raises(AnalysisError, match="ENTITY/PROJECT"):
+        load_wandb("just-a-name", tmp_path)
+
+
+# --- W&B dashboard --------------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # wandb-workspaces' pydantic v1-style validators
+def test_dashboard_spec_and_workspace(capsys):
+    from analysis.wandb_dashboard import PANEL_METRICS, build_workspace, main, workspace_spec
+
+    spec = workspace_spec("ent/proj", ["norm.placement", "norm.name"], group="study")
+    assert [s["name"] for s in spec["sections"]] == ["by norm.placement", "by norm.name"]
+    for sec in spec["sections"]:
+        assert [p["metric"] for p in sec["panels"]] == list(PANEL_METRICS)
+        assert {p["groupby"] for p in sec["panels"]} == {sec["groupby"]}
+    pytest.importorskip(
+        "wandb_workspaces", reason="wandb-workspaces not installed (pip install '.[dashboards]')"
+    )
+    workspace = build_workspace(spec)  # built, never saved
+    assert (workspace.entity, workspace.project) == ("ent", "proj")
+    assert [s.name for s in workspace.sections] == ["by norm.placement", "by norm.name"]
+    for section, key in zip(workspace.sections, ("norm.placement", "norm.name")):
+        assert [p.y for p in section.panels] == [[m] for m in PANEL_METRICS]
+        assert all(p.groupby.name == key and p.groupby_aggfunc == "mean" for p in section.panels)
+    model = workspace._to_model().model_dump(by_alias=True, exclude_none=True)  # what save() would send
+    sections = model["spec"]["section"]["panelBankConfig"]["sections"]
+    assert [p["config"]["groupBy"] for p in sections[0]["panels"]] == ["norm.value.placement"] * len(
+        PANEL_METRICS
+    )
+    (runset,) = model["spec"]["section"]["runSets"]
+    assert runset["filters"]["filters"] == [
+        {"key": {"section": "run", "name": "group"}, "op": "=", "value": "study", "disabled": False}
+    ]
+    assert main(["--project", "ent/proj", "--by", "norm.placement", "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["project"] == "proj"
+    assert main(["--project", "no-slash", "--by", "x", "--dry-run"]) == 2
+
+
+# --- the report in a browser ----------------------------------------------------------------------------
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--enable-logging=stderr", "--v=0",
+]  # fmt: skip
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if path := shutil.which(name):
+            return path
+    return "/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None
+
+
+def test_report_renders_in_headless_chromium(lr_report, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no chromium binary (Debian: apt-get install -y chromium): browser rendering not checked")
+    url = lr_report.as_uri()
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        profile = tmp_path / f"profile{len(list(tmp_path.iterdir()))}"
+        return subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url],
+                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+
+    dom = run("--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+    assert not console, console
+    assert "<h2>Learning rate (optim.lr)</h2>" in dom.stdout and "<h2>How to read this</h2>" in dom.stdout
+    assert dom.stdout.count("<table>") == lr_report.read_text().count("<table>") >= 6
+    assert dom.stdout.count("<img ") == len(list(lr_report.parent.glob("*.png")))
+    shot = tmp_path / "shot.png"
+    done = run("--window-size=1280,2000", f"--screenshot={shot}")
+    assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
+    from matplotlib.image import imread
+
+    pixels = imread(shot)[..., :3]
+    assert pixels.shape[:2] == (2000, 1280)
+    assert pixels.std() > 0.05 and (pixels.mean(axis=2) < 0.5).mean() > 0.005  # not blank: text and figures
+
+
+def test_cli_rejects_bad_source_combinations(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "analysis.report", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 2 and "nothing to report on" in done.stderr and "Traceback" not in done.stderr
+    assert report_main([str(tmp_path), "--offline", "--out", str(tmp_path / "o")]) == 2
+    assert re.search(r"--wandb", done.stderr)
+
+
+def test_odd_records_never_crash_the_report(lr_sweep_dir, tmp_path):
+    root = tmp_path / "runs"
+    shutil.copytree(lr_sweep_dir / "0", root / "ok0")
+    shutil.copytree(lr_sweep_dir / "6", root / "ok1")  # pre, 1e-3
+    odd = {
+        "text_values": [{M.STEP: 0, M.VAL_LOSS: 10.0}, {M.STEP: 5, M.VAL_LOSS: 3.0, "val/loss@2x": "oops",
+                        M.layer_metric(0, M.GRAD_NORM_LAYER): [1, 2], M.TRAIN_LOSS: True}],
+        "init_only": [{M.STEP: 0, M.VAL_LOSS: 10.0}],
+        "empty": [],
+        "nan_probes": [{M.STEP: 1, M.layer_metric(0, M.MAX_ATTN_LOGIT): math.nan, M.LOGITS_MAX_ABS: math.inf}],
+    }  # fmt: skip
+    for i, (name, rows) in enumerate(odd.items()):
+        write(root / name, config("pre" if i % 2 else "post", 1e-2, 3 + i), rows, None)
+    out = tmp_path / "rep"
+    assert report_main([str(root), "--out", str(out), "--workers", "1"]) == 0
+    runs = pd.read_parquet(out / "runs.parquet").set_index("run_id")
+    assert runs.loc["empty", M.STATUS] == L.STATUS_INCOMPLETE and math.isnan(
+        runs.loc["empty", L.INIT_VAL_LOSS]
+    )
+    assert runs.loc["text_values", L.INIT_VAL_LOSS] == 10.0 and "val/loss@2x" in runs.columns
