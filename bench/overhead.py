@@ -14,7 +14,8 @@ default) and off (``0``), alternately (on, off, off, on, ...), in one process, a
   (the names ``lm_ablate.train`` calls), relative to the same run's training-step time
   (tokens / mean tokens/s). This one is the least sensitive to other load on the machine.
 
-Target: probes on <= 5% slower.
+Target: probes on <= 5% slower. The verdict is on the probes' whole cost: the steps' slowdown (summary
+tokens/s) plus the side forward pass (which the summary's tokens/s leaves out).
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ def one_run(probe_every: int, a: argparse.Namespace, timer: ProbeTimer, root: Pa
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke test: model=tiny, 30 steps, one pair, no warm-up run")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--repeats", type=int, default=3, help="pairs (on, off) of runs")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--repeats", type=int, default=4, help="pairs (on, off) of runs")
     p.add_argument("--probe-every", type=int, default=10)
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for both arms, e.g. model=tiny")
     a = p.parse_args(argv)
@@ -123,11 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["measure (probes on vs off)", "median ratio", "range", "slower by"], rows))
     print(f"   tokens/s on: {median([x['tok_s'] for x in on]):.0f} (median), off: {median([x['tok_s'] for x in off]):.0f}")
     print(f"   {load_summary(loads)}; load average at end: {loadavg()}")
-    headline = 1 + median(own)
-    verdict = "meets" if max(median(tok_ratio), headline) - 1 <= TARGET else "MISSES"
-    print(f"RESULT overhead (probe_every={a.probe_every} vs 0): summary tokens/s {100 * (median(tok_ratio) - 1):+.1f}%, "
-          f"probe time {100 * median(own):+.1f}% of step time, wall {100 * (median(wall_ratio) - 1):+.1f}% "
-          f"-> {verdict} the <= 5% target")
+    # What probes cost in all = the steps' own slowdown (summary tokens/s: grad_stats plus whatever the side
+    # pass leaves behind, e.g. caches and freed memory) + the side forward pass, which the step timer leaves
+    # out. The whole-run wall ratio measures the same sum directly, diluted by eval and start-up.
+    step_slowdown = median(tok_ratio) - 1
+    total = step_slowdown + median(own_fwd)
+    verdict = "meets" if total <= TARGET else "MISSES"
+    spread_pts = 100 * (max(tok_ratio) - min(tok_ratio))
+    print(f"   probes cost in all: {100 * step_slowdown:+.1f}% (steps, summary tokens/s) + {100 * median(own_fwd):.1f}% "
+          f"(side forward pass) = {100 * total:+.1f}% of training-step time; whole-run wall {100 * (median(wall_ratio) - 1):+.1f}%"
+          f"; spread of the per-pair tokens/s ratios {spread_pts:.1f} points")
+    print(f"RESULT overhead (probe_every={a.probe_every} vs 0): {100 * total:+.1f}% in all -> {verdict} the <= 5% target "
+          f"(summary tokens/s alone: {100 * step_slowdown:+.1f}%; side forward pass, not in tokens/s: "
+          f"{100 * median(own_fwd):+.1f}%; wall {100 * (median(wall_ratio) - 1):+.1f}%)")
     return 0
 
 

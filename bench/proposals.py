@@ -4,8 +4,9 @@
 
 The patches are proposals for lm_ablate/components/ (and one for lm_ablate/optim.py); each is checked to
 give the same output as the current code before it is timed. Candidates, interleaved round by round with
-the current code (bench/_util.py), on the llama preset at two shapes (the loop's step: forward, loss,
-backward, clip, AdamW):
+the current code (bench/_util.py), on the llama preset (and, for parallel-split, the default config with
+model.block=parallel) at the two shapes of bench/components.py (the loop's step: forward, loss, backward,
+clip, AdamW):
 
     swiglu-split   components/ffn.py GatedFFN: two F.linear on the row halves of the fused gate_up weight
                    instead of one matmul + chunk; the chunk's halves are strided views, and silu, its
@@ -16,8 +17,11 @@ backward, clip, AdamW):
     rmsnorm-fn     components/norm.py: RMSNorm as one autograd.Function with a hand-written backward (5 tensor
                    ops forward and backward) instead of torch's nn.RMSNorm, which on CPU runs as a composite of
                    pow / mean / add / rsqrt / mul and differentiates through each (3-5x LayerNorm's time)
-    both           swiglu-split + rope-nocat
-    all-three      swiglu-split + rope-nocat + rmsnorm-fn
+    all three      swiglu-split + rope-nocat + rmsnorm-fn
+    parallel-split model.py ParallelBlock: split the fused input projection's output once and give each
+                   sublayer its part (``Columns`` passes an input of its own width through) instead of two
+                   ``narrow`` calls on the full output, whose backward each allocate and fill a full-width zero
+                   gradient that is then summed (measured on model.block=parallel, the default config)
     fused-adamw    lm_ablate/optim.py: torch.optim.AdamW(fused=True) on CPU too (the fused CPU kernel exists
                    since torch 2.4; the current code asks for it on CUDA only)
 """
@@ -40,8 +44,10 @@ from torch import nn  # noqa: E402
 
 from lm_ablate.components.ffn import GatedFFN  # noqa: E402
 from lm_ablate.components.position import RotaryPosition  # noqa: E402
+from lm_ablate.model import Columns, ParallelBlock  # noqa: E402
 
-ORIGINAL = {"ffn": GatedFFN.forward, "rope": RotaryPosition._rotate_one, "rms": nn.RMSNorm.forward}
+ORIGINAL = {"ffn": GatedFFN.forward, "rope": RotaryPosition._rotate_one, "rms": nn.RMSNorm.forward,
+            "parallel": ParallelBlock.forward}
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -89,15 +95,44 @@ def rope_nocat(self, x, cos, sin):
     return ORIGINAL["rope"](self, x, cos, sin)
 
 
+def parallel_split_forward(self, x, position):
+    """Proposed ParallelBlock.forward (model.py): split the fused projection's output ONCE and hand each
+    sublayer its own part, instead of each ``Columns`` narrowing the whole output. Backward then assembles
+    the fused gradient with one concatenation, where two narrows each allocate a zero tensor of the full
+    width, copy into it, and the two are added."""
+    if self.fused is None:
+        return ORIGINAL["parallel"](self, x, position)
+    h = self.fused(self.norm(x))
+    attn_width = self.attn.qkv.width
+    h_attn, h_ffn = h.split([attn_width, h.shape[-1] - attn_width], dim=-1)
+    return x + self.drop(self.attn(h_attn, position)) + self.drop(self.ffn(h_ffn))
+
+
+def columns_forward(self, h):
+    """Proposed Columns.forward: an input already cut to this projection's width passes through."""
+    y = h if h.shape[-1] == self.width else h.narrow(-1, self.start, self.width)
+    return y if self.bias is None else y + self.bias
+
+
+PATCHES = {  # name -> [(owner, attribute, proposed)]
+    "swiglu-split": [(GatedFFN, "forward", ffn_split_forward)],
+    "rope-nocat": [(RotaryPosition, "_rotate_one", rope_nocat)],
+    "rmsnorm-fn": [(nn.RMSNorm, "forward", rmsnorm_fn_forward)],
+    "parallel-split": [(ParallelBlock, "forward", parallel_split_forward), (Columns, "forward", columns_forward)],
+}
+
+
 @contextmanager
-def patched(ffn: bool, rope: bool, rms: bool = False):
-    GatedFFN.forward = ffn_split_forward if ffn else ORIGINAL["ffn"]
-    RotaryPosition._rotate_one = rope_nocat if rope else ORIGINAL["rope"]
-    nn.RMSNorm.forward = rmsnorm_fn_forward if rms else ORIGINAL["rms"]
+def patched(*names: str):
+    saved = [(owner, attr, getattr(owner, attr)) for n in names for owner, attr, _ in PATCHES[n]]
+    for n in names:
+        for owner, attr, proposed in PATCHES[n]:
+            setattr(owner, attr, proposed)
     try:
         yield
     finally:
-        GatedFFN.forward, RotaryPosition._rotate_one, nn.RMSNorm.forward = ORIGINAL["ffn"], ORIGINAL["rope"], ORIGINAL["rms"]
+        for owner, attr, original in saved:
+            setattr(owner, attr, original)
 
 
 class Setup:
@@ -106,7 +141,7 @@ class Setup:
         from lm_ablate.model import TransformerLM
         from lm_ablate.registry import REGULARIZERS
 
-        cfg = compose(["tracking=none", "arch=llama"] + overrides)
+        cfg = compose(["tracking=none"] + overrides)
         torch.manual_seed(0)
         self.model = TransformerLM(cfg, vocab).train()
         self.reg = REGULARIZERS.build(cfg.regularization)
@@ -116,8 +151,8 @@ class Setup:
         gen = torch.Generator().manual_seed(1)
         self.x = torch.randint(0, vocab, (batch, cfg.model.context), generator=gen)
         self.y = torch.randint(0, vocab, (batch, cfg.model.context), generator=gen)
-        self.label = (f"arch=llama d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, context {cfg.model.context}, "
-                      f"batch {batch}, vocab {vocab}")
+        self.label = (f"{' '.join(overrides)}: d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, "
+                      f"context {cfg.model.context}, batch {batch}, vocab {vocab}")
 
     def step(self, fused: bool) -> None:
         opt = self.opt[fused]
@@ -126,9 +161,9 @@ class Setup:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.reg.grad_clip or math.inf)
         opt.step()
 
-    def candidate(self, steps: int, ffn=False, rope=False, rms=False, fused=False):
+    def candidate(self, steps: int, patches: tuple[str, ...] = (), fused: bool = False):
         def run() -> float:
-            with patched(ffn, rope, rms):
+            with patched(*patches):
                 tic = now()
                 for _ in range(steps):
                     self.step(fused)
@@ -136,7 +171,7 @@ class Setup:
 
         return run
 
-    def check(self) -> tuple[float, float]:
+    def check(self, patches: tuple[str, ...]) -> tuple[float, float]:
         """Max |difference| of the patched model against the current one: logits, and parameter gradients."""
         x, y = self.x[:2], self.y[:2]
         self.model.zero_grad(set_to_none=True)
@@ -144,7 +179,7 @@ class Setup:
         self.reg.loss(ref, y)[0].backward()
         ref_grads = [p.grad.clone() for p in self.model.parameters()]
         self.model.zero_grad(set_to_none=True)
-        with patched(True, True, True):
+        with patched(*patches):
             new = self.model(x)
             self.reg.loss(new, y)[0].backward()
         grad_diff = max((p.grad - g).abs().max().item() for p, g in zip(self.model.parameters(), ref_grads))
@@ -152,9 +187,27 @@ class Setup:
         return (ref - new).abs().max().item(), grad_diff
 
 
+LLAMA_CANDIDATES = {  # name -> (patches, fused AdamW)
+    "current": ((), False),
+    "swiglu-split": (("swiglu-split",), False),
+    "rope-nocat": (("rope-nocat",), False),
+    "rmsnorm-fn": (("rmsnorm-fn",), False),
+    "all three": (("swiglu-split", "rope-nocat", "rmsnorm-fn"), False),
+    "fused-adamw": ((), True),
+}
+PARALLEL_CANDIDATES = {"current": ((), False), "parallel-split": (("parallel-split",), False)}
+D256 = ["model.d_model=256", "model.context=256"]
+SETUPS = {  # name -> (overrides, batch, vocab, candidates)
+    "llama small": (["arch=llama"], 16, 256, LLAMA_CANDIDATES),
+    "llama d256": (["arch=llama"] + D256, 8, 4096, LLAMA_CANDIDATES),
+    "parallel small": (["model.block=parallel"], 16, 256, PARALLEL_CANDIDATES),
+    "parallel d256": (["model.block=parallel"] + D256, 8, 4096, PARALLEL_CANDIDATES),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true")
+    p.add_argument("--quick", action="store_true", help="smoke test: the small setups, 2 rounds")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's, one per core)")
@@ -164,20 +217,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     set_clock(a.clock)
-    shapes = {"small": ([], 16, 256), "d256": (["model.d_model=256", "model.context=256"], 8, 4096)}
+    setups = SETUPS
     if a.quick:
-        shapes, a.rounds = {"small": shapes["small"]}, 2
+        setups, a.rounds = {k: v for k, v in SETUPS.items() if "small" in k}, 2
     header("bench/proposals.py: candidate speed-ups (monkeypatched) vs the current code")
+    print(f"   {a.rounds} rounds x {a.steps} steps per candidate, interleaved; clock: {a.clock}")
     results = {}
-    for name, (ov, batch, vocab) in shapes.items():
+    for name, (ov, batch, vocab, candidates) in setups.items():
         s = Setup(ov, batch, vocab)
-        logit_diff, grad_diff = s.check()
-        print(f"\n-- {name}: {s.label}; all patches: logits differ by {logit_diff:.1e}, gradients by {grad_diff:.1e}")
-        cands = {"current": s.candidate(a.steps), "swiglu-split": s.candidate(a.steps, ffn=True),
-                 "rope-nocat": s.candidate(a.steps, rope=True), "rmsnorm-fn": s.candidate(a.steps, rms=True),
-                 "both": s.candidate(a.steps, ffn=True, rope=True),
-                 "all-three": s.candidate(a.steps, ffn=True, rope=True, rms=True),
-                 "fused-adamw": s.candidate(a.steps, fused=True)}
+        every = tuple(sorted({pt for patches, _ in candidates.values() for pt in patches}))
+        logit_diff, grad_diff = s.check(every)
+        print(f"\n-- {name} ({s.label}); with every patch: logits differ by {logit_diff:.1e}, gradients by {grad_diff:.1e}")
+        cands = {c: s.candidate(a.steps, patches, fused) for c, (patches, fused) in candidates.items()}
         for c in cands.values():
             c()
         figures, loads = interleave(cands, a.rounds)

@@ -98,11 +98,11 @@ def as_train(timings_path: str, args: list[str]) -> None:
             wrap(cls, method, f"{label} {method}")
     original_train = loop.train
 
-    def timed_train(cfg, run_dir, name=None):
+    def timed_train(cfg, run_dir, *args, **kwargs):
         TIMINGS.current = {"run_dir": str(run_dir)}
         tic = time.perf_counter()
         try:
-            return original_train(cfg, run_dir, name=name)
+            return original_train(cfg, run_dir, *args, **kwargs)
         finally:
             TIMINGS.current["train()"] = time.perf_counter() - tic
             TIMINGS.runs.append(TIMINGS.current)
@@ -111,8 +111,9 @@ def as_train(timings_path: str, args: list[str]) -> None:
     loop.train = timed_train
     sys.argv = ["lm_ablate.train"] + args
     tic = time.perf_counter()
+    entry = getattr(loop, "cli", loop.main)  # what `python -m lm_ablate.train` calls
     try:
-        loop.main()
+        entry()
     finally:
         TIMINGS.process["hydra main"] = time.perf_counter() - tic
 

@@ -32,3 +32,16 @@ def cache_dir() -> str:
     path = _SANDBOX / "token_cache"
     path.mkdir(exist_ok=True)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matmuls: one intra-op thread per test worker avoids OpenMP spin-waits on a shared 2-core machine
+    (hundreds of times faster there under load); restored afterwards. Modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

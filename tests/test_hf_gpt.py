@@ -27,13 +27,7 @@ CONTEXT = 64
 PRESETS = ["original", "gpt2", "gptj", "neox", "opt_postln", "bloom", "palm"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls: one intra-op thread per worker avoids OpenMP spin-waits on a shared 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.lru_cache(maxsize=None)

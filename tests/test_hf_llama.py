@@ -60,13 +60,7 @@ FAMILIES: dict[str, tuple[type, type, dict[str, Any]]] = {
 ARCHS = sorted(FAMILIES)  # one preset per family, same names
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Deterministic and quick under a parallel test run on few cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def hf_model(model_type: str, **overrides: Any) -> torch.nn.Module:

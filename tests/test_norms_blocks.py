@@ -30,14 +30,7 @@ IDS = [" ".join(v) for v in VARIANTS]
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls: one intra-op thread per test worker avoids OpenMP spin-waits on a shared 2-core box
-    (hundreds of times faster there); restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 
