@@ -40,6 +40,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 TARGET_EAGER, TARGET_COMPILED, TARGET_MFU = 1.0, 1.1, 0.65
+SITES = ("embedding_dropout", "attention_dropout", "residual_dropout")
 
 
 def build_pair(family: str, a: argparse.Namespace):
@@ -58,8 +59,9 @@ def build_pair(family: str, a: argparse.Namespace):
         )
         hf = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
     else:
+        drop = {} if a.dropout is None else {"embd_pdrop": a.dropout, "attn_pdrop": a.dropout, "resid_pdrop": a.dropout}
         config = GPT2Config(n_embd=a.d_model, n_layer=a.layers, n_head=a.heads, vocab_size=a.vocab, n_positions=a.seq,
-                            bos_token_id=a.vocab - 1, eos_token_id=a.vocab - 1)
+                            bos_token_id=a.vocab - 1, eos_token_id=a.vocab - 1, **drop)
         hf = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
     assert hf.config._attn_implementation == "sdpa", hf.config._attn_implementation
     ours, cfg = from_hf(hf.eval())
@@ -189,14 +191,14 @@ def profile_report(family: str, ours: Stepper, hf: Stepper) -> None:
 
 def run_family(family: str, a: argparse.Namespace) -> dict:
     hf, ours, cfg, diff = build_pair(family, a)
-    from lm_ablate.model import model_cost
+    from lm_ablate.model import model_cost, site_dropout
 
     flops_per_token = model_cost(ours, cfg).flops_per_token
     n_params = sum(p.numel() for p in ours.parameters())
     print(f"\n-- {family}: d_model {a.d_model}, {a.layers} layers, {a.heads} heads, vocab {a.vocab}, batch {a.batch} x "
           f"{a.seq} tokens; {n_params / 1e6:.2f}M params, {flops_per_token / 1e6:.1f} MFLOP/token; "
           f"eval logits agree to {diff:.1e}; attention={cfg.attention.name}, activation={cfg.activation.name}, "
-          f"dropout={cfg.regularization.dropout}")
+          f"dropout (embedding/attention/residual)={'/'.join(str(site_dropout(cfg.regularization, k)) for k in SITES)}")
     gen = torch.Generator().manual_seed(1)
     x = torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen)
     y = torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen)
@@ -274,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm-cache", action="store_true",
                    help="use inductor's usual on-disk cache (default: a fresh one, so compile times are cold)")
     p.add_argument("--profile", action="store_true", help="profile even when every target is met")
+    p.add_argument("--dropout", type=float, default=None,
+                   help="gpt2's embd/attn/resid_pdrop (default: GPT2Config's 0.1, what arch=gpt2 also uses)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's, one per core)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="cpu: this thread's CPU time (needs --threads 1): robust to other load on the machine")
