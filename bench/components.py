@@ -1,6 +1,6 @@
 """Step-time cost of single architecture switches, at two model shapes.
 
-    python bench/components.py [--quick] [--rounds 8] [--steps 2] [--shapes small,d256]
+    python bench/components.py [--quick] [--rounds 8] [--steps 2] [--shapes small,d256] [--threads 1 --clock cpu]
 
 Each variant is the default config (LayerNorm pre-norm, learned positions, GELU FFN 4d, MHA through SDPA,
 serial block) with one switch flipped, built by ``lm_ablate.config.compose`` like a real run. A step is the
@@ -30,9 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _util import now, set_clock, header, interleave, load_summary, loadavg, median, ratios, spread, table  # noqa: E402
-
-import torch  # noqa: E402
+import torch
+from _util import header, interleave, load_summary, loadavg, median, now, ratios, set_clock, spread, table
 
 SHAPES = {
     "small": {"overrides": [], "batch": 16, "vocab": 256},

@@ -21,7 +21,6 @@ tokens/s) plus the side forward pass (which the summary's tokens/s leaves out).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _util import REPO, header, load_summary, loadavg, median, ratios, spread, table  # noqa: E402
+from _util import REPO, header, load_summary, loadavg, median, ratios, spread, table
 
 TARGET = 0.05
 

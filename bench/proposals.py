@@ -1,6 +1,6 @@
 """Measured gain of candidate speed-ups, applied by monkeypatching in this process only (no source file changes).
 
-    python bench/proposals.py [--quick] [--rounds 10] [--steps 1] [--threads N]
+    python bench/proposals.py [--quick] [--rounds 10] [--steps 1] [--threads 1 --clock cpu]
 
 The patches are proposals for lm_ablate/components/ (and one for lm_ablate/optim.py); each is checked to
 give the same output as the current code before it is timed. Candidates, interleaved round by round with
@@ -36,15 +36,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _util import now, set_clock, header, interleave, load_summary, loadavg, median, ratios, spread, table  # noqa: E402
+import torch
+import torch.nn.functional as F
+from _util import header, interleave, load_summary, loadavg, median, now, ratios, set_clock, spread, table
+from torch import nn
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-
-from lm_ablate.components.ffn import GatedFFN  # noqa: E402
-from lm_ablate.components.position import RotaryPosition  # noqa: E402
-from lm_ablate.model import Columns, ParallelBlock  # noqa: E402
+from lm_ablate.components.ffn import GatedFFN
+from lm_ablate.components.position import RotaryPosition
+from lm_ablate.model import Columns, ParallelBlock
 
 ORIGINAL = {"ffn": GatedFFN.forward, "rope": RotaryPosition._rotate_one, "rms": nn.RMSNorm.forward,
             "parallel": ParallelBlock.forward}
@@ -146,7 +145,7 @@ class Setup:
         self.model = TransformerLM(cfg, vocab).train()
         self.reg = REGULARIZERS.build(cfg.regularization)
         groups = self.reg.param_groups(self.model)
-        kw = dict(lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps)
+        kw = {"lr": cfg.optim.lr, "betas": (cfg.optim.beta1, cfg.optim.beta2), "eps": cfg.optim.eps}
         self.opt = {False: torch.optim.AdamW(groups, **kw), True: torch.optim.AdamW(groups, fused=True, **kw)}
         gen = torch.Generator().manual_seed(1)
         self.x = torch.randint(0, vocab, (batch, cfg.model.context), generator=gen)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _util import REPO, header, loadavg, table  # noqa: E402
+from _util import REPO, header, loadavg, table
 
 TARGET = 1.15
 LAUNCH_ENV = "LM_ABLATE_BENCH_LAUNCH_T"  # time.time() just before a child process is started
@@ -123,7 +123,7 @@ def as_study(timings_path: str, args: list[str]) -> int:
     started = time.time()
     process: dict[str, float] = {"interpreter_start": started - float(os.environ.get(LAUNCH_ENV, started))}
     tic = time.perf_counter()
-    import lm_ablate.study as study
+    from lm_ablate import study
 
     process["imports"] = time.perf_counter() - tic
     child_timings = timings_path + ".train.json"
@@ -140,7 +140,7 @@ def as_study(timings_path: str, args: list[str]) -> int:
 
     subprocess.run = timed_run
     tic = time.perf_counter()
-    import analysis.report as report
+    from analysis import report
 
     process["imports"] += time.perf_counter() - tic
 
@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = ["seed=0", "norm=layernorm", "norm.placement=pre", "model=tiny", "train.max_steps=20",
                      "train.eval_every=10", "train.checkpoint_every=10"]
     header("bench/study_overhead.py: study wall time vs summed training-step time")
-    tmp = Path(tempfile.mkdtemp(prefix="lm_ablate_bench_study_"))
+    tmp = Path(tempfile.mkdtemp(prefix="lm_ablate_bench_study_"))  # timings, and the multirun unless --keep
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     out = (a.keep or tmp / "multirun").resolve()
     timings_path = str(tmp / "study_timings.json")
     args = [a.study, "--out", str(out)] + overrides
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     env[LAUNCH_ENV] = repr(time.time())
     load_start = os.getloadavg()
     t0 = time.time()
-    done = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
     t_end = time.time()
     total = t_end - t0
     load_end = os.getloadavg()
@@ -252,8 +253,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"   load average at end: {loadavg()}")
     print(f"RESULT study_overhead: wall {total:.1f} s / summed step time {steps:.1f} s = {ratio:.2f}x "
           f"-> {verdict} the <= {TARGET}x target")
-    if not a.keep:
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -1,6 +1,7 @@
 """Train-step throughput of lm-ablate against Hugging Face transformers, on the same math.
 
     python bench/throughput.py [--quick] [--rounds 6] [--steps 2] [--no-compile] [--profile]
+                               [--threads 1 --clock cpu] [--families llama,gpt2] [--dropout P]
 
 For each family (llama, gpt2) a transformers model is built from a config object with random weights and
 ``attn_implementation="sdpa"``; ``lm_ablate.hf.from_hf`` turns it into the lm-ablate model of the same
@@ -26,7 +27,9 @@ category (torch.profiler self CPU time).
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -34,10 +37,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _util import now, set_clock, REPO, header, interleave, load_summary, loadavg, matmul_gflops, median, ratios, spread, table  # noqa: E402,F401
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
+from _util import (
+    header,
+    interleave,
+    load_summary,
+    loadavg,
+    matmul_gflops,
+    median,
+    now,
+    ratios,
+    set_clock,
+    spread,
+    table,
+)
 
 TARGET_EAGER, TARGET_COMPILED, TARGET_MFU = 1.0, 1.1, 0.65
 SITES = ("embedding_dropout", "attention_dropout", "residual_dropout")
@@ -75,7 +89,7 @@ def build_pair(family: str, a: argparse.Namespace):
 
 class Stepper:
     """One side of the comparison: a module, the callable that runs its forward (eager or compiled), its
-    own AdamW. ``__call__`` runs ``steps`` train steps and returns tokens/s."""
+    own AdamW. ``rate(steps)`` runs ``steps`` train steps and returns tokens/s."""
 
     def __init__(self, module, forward, optimizer, x, y):
         self.module, self.forward, self.opt, self.x, self.y = module, forward, optimizer, x, y
@@ -202,7 +216,7 @@ def run_family(family: str, a: argparse.Namespace) -> dict:
     gen = torch.Generator().manual_seed(1)
     x = torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen)
     y = torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen)
-    opt = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)  # noqa: E731
+    opt = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     ours_opt, hf_opt = opt(ours), opt(hf)
     steppers = {
         "lm-ablate eager": Stepper(ours, ours, ours_opt, x, y),
@@ -288,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
     set_clock(a.clock)
     if a.compile and not a.warm_cache:  # before inductor is imported: every compile below starts cold
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="lm_ablate_bench_inductor_")
+        cache = tempfile.mkdtemp(prefix="lm_ablate_bench_inductor_")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)
     header("bench/throughput.py: train-step tokens/s, lm-ablate vs transformers (fp32, CPU)")
     import transformers
 
