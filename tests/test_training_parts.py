@@ -123,3 +123,16 @@ def test_inverse_sqrt_schedule():
         n = step + 1
         assert s(step) / min(n**-0.5, n * 10**-1.5) == pytest.approx(10**0.5)
     assert _schedule(schedule="inverse_sqrt", warmup_steps=0)(3) == pytest.approx(0.5)
+
+
+def test_spike_threshold_is_exactly_mean_plus_k_std():
+    det = SpikeDetector(window=4, k=2.0)
+    for v in [1.0, 2.0, 3.0, 4.0]:
+        det.update(v)
+    window = np.array([1.0, 2.0, 3.0, 4.0])
+    threshold = window.mean() + 2.0 * window.std()  # population std
+    assert det.threshold() == pytest.approx(threshold)
+    probe = SpikeDetector(window=4, k=2.0)
+    probe.load_state_dict(det.state_dict())
+    assert not probe.update(threshold - 1e-6)
+    assert det.update(threshold + 1e-6)
