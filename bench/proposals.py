@@ -1,27 +1,30 @@
-"""Measured gain of candidate speed-ups, applied by monkeypatching in this process only (no source file changes).
+"""Measured gain of speed-ups: the ones applied to lm_ablate (against the code they replaced, restored here
+by monkeypatching) and the ones still proposed (applied here by monkeypatching). No source file changes.
 
     python bench/proposals.py [--quick] [--rounds 10] [--steps 1] [--threads 1 --clock cpu]
 
-The patches are proposals for lm_ablate/components/ (and one for lm_ablate/optim.py); each is checked to
-give the same output as the current code before it is timed. Candidates, interleaved round by round with
-the current code (bench/_util.py), on the llama preset (and, for parallel-split, the default config with
-model.block=parallel) at the two shapes of bench/components.py (the loop's step: forward, loss, backward,
-clip, AdamW):
+Each patch is checked to give the same output and gradients as the current code before it is timed.
+Candidates run interleaved round by round (bench/_util.py) on the llama preset (and, for the parallel
+block, the default config with model.block=parallel) at the two shapes of bench/components.py (the loop's
+step: forward, loss, backward, clip, AdamW). A ratio > 1 means the current code is faster.
 
-    swiglu-split   components/ffn.py GatedFFN: two F.linear on the row halves of the fused gate_up weight
-                   instead of one matmul + chunk; the chunk's halves are strided views, and silu, its
-                   backward and the gate * up product run markedly slower on them
+Applied (each "before: X" candidate restores the previous code of X):
+
+    swiglu-split   components/ffn.py GatedFFN.gate_and_up: two F.linear on the row halves of the stacked
+                   gate_up weight; before, one matmul + chunk, whose halves are strided views on which silu,
+                   its backward and the gate * up product run markedly slower
     rope-nocat     components/position.py RotaryPosition._rotate_one: with fraction 1 (nothing passes
-                   through) skip the slice and the concatenation with an empty tail, a full copy of q and k
-                   per layer, forward and backward
-    rmsnorm-fn     components/norm.py: RMSNorm as one autograd.Function with a hand-written backward (5 tensor
-                   ops forward and backward) instead of torch's nn.RMSNorm, which on CPU runs as a composite of
-                   pow / mean / add / rsqrt / mul and differentiates through each (3-5x LayerNorm's time)
-    all three      swiglu-split + rope-nocat + rmsnorm-fn
-    parallel-split model.py ParallelBlock: split the fused input projection's output once and give each
-                   sublayer its part (``Columns`` passes an input of its own width through) instead of two
-                   ``narrow`` calls on the full output, whose backward each allocate and fill a full-width zero
-                   gradient that is then summed (measured on model.block=parallel, the default config)
+                   through) no slice and no concatenation with an empty tail (before: a full copy of q and k
+                   per layer, forward and backward)
+    rmsnorm-fn     components/norm.py: RMSNorm through one autograd.Function with a hand-written backward;
+                   before, torch's nn.RMSNorm, which on CPU runs as a composite of pow / mean / add / rsqrt /
+                   mul and differentiates through each (3-5x LayerNorm's time)
+    parallel-split model.py ParallelBlock: the fused input projection's output split once, each sublayer
+                   given its part; before, two ``narrow`` calls on the full output, whose backward each
+                   allocate and fill a full-width zero gradient that is then summed
+
+Still proposed (candidate = the change):
+
     fused-adamw    lm_ablate/optim.py: torch.optim.AdamW(fused=True) on CPU too (the fused CPU kernel exists
                    since torch 2.4; the current code asks for it on CUDA only)
 """
@@ -39,85 +42,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 import torch.nn.functional as F
 from _util import header, interleave, load_summary, loadavg, median, now, ratios, set_clock, spread, table
-from torch import nn
 
 from lm_ablate.components.ffn import GatedFFN
+from lm_ablate.components.norm import RMSNorm
 from lm_ablate.components.position import RotaryPosition
-from lm_ablate.model import Columns, ParallelBlock
-
-ORIGINAL = {"ffn": GatedFFN.forward, "rope": RotaryPosition._rotate_one, "rms": nn.RMSNorm.forward,
-            "parallel": ParallelBlock.forward}
+from lm_ablate.model import ParallelBlock
 
 
-class RMSNormFunction(torch.autograd.Function):
-    """y = x * r * w with r = rsqrt(mean(x^2) + eps) over the last dim; saves x * r and r."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
-        xhat = x * r
-        ctx.save_for_backward(xhat, r, weight)
-        return xhat * weight
-
-    @staticmethod
-    def backward(ctx, gy):
-        xhat, r, weight = ctx.saved_tensors
-        gxhat = gy * weight
-        gw = (gy * xhat).reshape(-1, xhat.shape[-1]).sum(0)
-        gx = (gxhat - xhat * (gxhat * xhat).mean(-1, keepdim=True)).mul_(r)
-        return gx, gw, None
+def chunk_gate_and_up(self, x):
+    """Before: one matmul into the stacked output, split into two strided halves."""
+    return self.gate_up(x).chunk(2, dim=-1)
 
 
-def rmsnorm_fn_forward(self, x):
-    """Proposed RMSNorm forward (the plain rmsnorm option; the Gemma unit-offset subclass keeps its own)."""
-    if self.weight is None or len(self.normalized_shape) != 1 or x.dtype != self.weight.dtype:
-        return ORIGINAL["rms"](self, x)
-    eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-    return RMSNormFunction.apply(x, self.weight, eps)
+def rope_with_cat(self, x, cos, sin):
+    """Before: slice the rotated dims and concatenate the (here empty) pass-through dims back."""
+    x_rot, x_pass = x[..., : self.dims], x[..., self.dims :]
+    x_rot = x_rot * cos.to(x.dtype) + self.layout.partner(x_rot) * sin.to(x.dtype)
+    return torch.cat((x_rot, x_pass), dim=-1)
 
 
-def ffn_split_forward(self, x):
-    """Proposed GatedFFN.forward: same weights, two matmuls into contiguous outputs."""
-    if not isinstance(self.gate_up, nn.Linear):  # a parallel block's fused Columns: keep the current path
-        return ORIGINAL["ffn"](self, x)
-    w, b = self.gate_up.weight, self.gate_up.bias
-    half = w.shape[0] // 2
-    gate = F.linear(x, w[:half], None if b is None else b[:half])
-    up = F.linear(x, w[half:], None if b is None else b[half:])
-    return self.down(self.act(gate) * up)
+def torch_rmsnorm(self, x):
+    """Before: torch's own module."""
+    return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
 
-def rope_nocat(self, x, cos, sin):
-    """Proposed RotaryPosition._rotate_one: no slice + cat when the whole head rotates."""
-    if self.dims == x.shape[-1]:
-        return x * cos.to(x.dtype) + self.layout.partner(x) * sin.to(x.dtype)
-    return ORIGINAL["rope"](self, x, cos, sin)
-
-
-def parallel_split_forward(self, x, position):
-    """Proposed ParallelBlock.forward (model.py): split the fused projection's output ONCE and hand each
-    sublayer its own part, instead of each ``Columns`` narrowing the whole output. Backward then assembles
-    the fused gradient with one concatenation, where two narrows each allocate a zero tensor of the full
-    width, copy into it, and the two are added."""
+def parallel_narrow_forward(self, x, position):
+    """Before: each sublayer narrowed its columns out of the whole fused output."""
     if self.fused is None:
-        return ORIGINAL["parallel"](self, x, position)
+        return x + self.drop(self.attn(self.norm(x), position)) + self.drop(self.ffn(self.ffn_norm(x)))
     h = self.fused(self.norm(x))
-    attn_width = self.attn.qkv.width
-    h_attn, h_ffn = h.split([attn_width, h.shape[-1] - attn_width], dim=-1)
+    h_attn, h_ffn = h.narrow(-1, 0, self.widths[0]), h.narrow(-1, self.widths[0], self.widths[1])
     return x + self.drop(self.attn(h_attn, position)) + self.drop(self.ffn(h_ffn))
 
 
-def columns_forward(self, h):
-    """Proposed Columns.forward: an input already cut to this projection's width passes through."""
-    y = h if h.shape[-1] == self.width else h.narrow(-1, self.start, self.width)
-    return y if self.bias is None else y + self.bias
-
-
-PATCHES = {  # name -> [(owner, attribute, proposed)]
-    "swiglu-split": [(GatedFFN, "forward", ffn_split_forward)],
-    "rope-nocat": [(RotaryPosition, "_rotate_one", rope_nocat)],
-    "rmsnorm-fn": [(nn.RMSNorm, "forward", rmsnorm_fn_forward)],
-    "parallel-split": [(ParallelBlock, "forward", parallel_split_forward), (Columns, "forward", columns_forward)],
+PATCHES = {  # name -> [(owner, attribute, the code before)]
+    "swiglu-split": [(GatedFFN, "gate_and_up", chunk_gate_and_up)],
+    "rope-nocat": [(RotaryPosition, "_rotate_one", rope_with_cat)],
+    "rmsnorm-fn": [(RMSNorm, "forward", torch_rmsnorm)],
+    "parallel-split": [(ParallelBlock, "forward", parallel_narrow_forward)],
 }
 
 
@@ -186,15 +148,15 @@ class Setup:
         return (ref - new).abs().max().item(), grad_diff
 
 
-LLAMA_CANDIDATES = {  # name -> (patches, fused AdamW)
+LLAMA_CANDIDATES = {  # name -> (patches restoring the code before, fused AdamW)
     "current": ((), False),
-    "swiglu-split": (("swiglu-split",), False),
-    "rope-nocat": (("rope-nocat",), False),
-    "rmsnorm-fn": (("rmsnorm-fn",), False),
-    "all three": (("swiglu-split", "rope-nocat", "rmsnorm-fn"), False),
-    "fused-adamw": ((), True),
+    "before: swiglu-split": (("swiglu-split",), False),
+    "before: rope-nocat": (("rope-nocat",), False),
+    "before: rmsnorm-fn": (("rmsnorm-fn",), False),
+    "before: all three": (("swiglu-split", "rope-nocat", "rmsnorm-fn"), False),
+    "proposed: fused-adamw": ((), True),
 }
-PARALLEL_CANDIDATES = {"current": ((), False), "parallel-split": (("parallel-split",), False)}
+PARALLEL_CANDIDATES = {"current": ((), False), "before: parallel-split": (("parallel-split",), False)}
 D256 = ["model.d_model=256", "model.context=256"]
 SETUPS = {  # name -> (overrides, batch, vocab, candidates)
     "llama small": (["arch=llama"], 16, 256, LLAMA_CANDIDATES),
@@ -219,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     setups = SETUPS
     if a.quick:
         setups, a.rounds = {k: v for k, v in SETUPS.items() if "small" in k}, 2
-    header("bench/proposals.py: candidate speed-ups (monkeypatched) vs the current code")
+    header("bench/proposals.py: the current code vs the code before each applied speed-up, and proposals")
     print(f"   {a.rounds} rounds x {a.steps} steps per candidate, interleaved; clock: {a.clock}")
     results = {}
     for name, (ov, batch, vocab, candidates) in setups.items():
@@ -227,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         every = tuple(sorted({pt for patches, _ in candidates.values() for pt in patches}))
         logit_diff, grad_diff = s.check(every)
         print(f"\n-- {name} ({s.label}); with every patch: logits differ by {logit_diff:.1e}, gradients by {grad_diff:.1e}")
+        print("   ratio = candidate's step time / the current code's: > 1 for a 'before' row = the gain of the change")
         cands = {c: s.candidate(a.steps, patches, fused) for c, (patches, fused) in candidates.items()}
         for c in cands.values():
             c()
@@ -234,13 +197,13 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         results[name] = {}
         for c, times in figures.items():
-            r = ratios(times, figures["current"])  # current / candidate: > 1 = the candidate is faster
+            r = ratios(figures["current"], times)  # candidate / current: > 1 = the current code is faster
             results[name][c] = median(r)
             rows.append([c, f"{1e3 * median(times):.0f}", f"{median(r):.3f}", spread(r)])
-        print(table(["candidate", "ms/step", "speed-up vs current", "range"], rows))
+        print(table(["candidate", "ms/step", "time x current", "range"], rows))
         print(f"   {load_summary(loads)}")
     print(f"\n   load average at end: {loadavg()}")
-    print("RESULT proposals (speed-up of the step): " + "; ".join(
+    print("RESULT proposals (step time x the current code's): " + "; ".join(
         f"{n}: " + ", ".join(f"{c} {v:.3f}x" for c, v in r.items() if c != "current") for n, r in results.items()))
     return 0
 

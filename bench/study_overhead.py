@@ -1,18 +1,19 @@
 """Wall time of a whole study against the pure training-step time of its runs, with the overhead broken down.
 
     python bench/study_overhead.py [--quick] [--study norm_2x2] [--plain] [overrides ...]
-    (default overrides: seed=0 train.max_steps=100, i.e. norm_2x2's 4 arms, one seed, 100 steps each)
+    (default overrides: seed=0, i.e. norm_2x2's 4 arms at one seed, its full 150 steps each)
 
 The study runs the way a user runs it: ``lm_ablate.study.main`` with the basic launcher and the default eval,
 logging, checkpoint and tracking settings (W&B, which falls back to offline without credentials), as a child
 process of this script, and is timed from outside, process start and exit included. Step time is what the
-runs' ``summary.json`` report: tokens / mean_tokens_per_sec (the loop times zero_grad .. optimizer step).
+runs' ``summary.json`` report: tokens / mean_tokens_per_sec (the loop times zero_grad .. optimizer step,
+the stability probes included: they observe the training forward).
 
 To say where the rest goes, the study process is this script (``--as-study``), which runs
 ``lm_ablate.study.main`` unchanged except that the sweep child is also this script (``--as-train``), which
 wraps a few functions of the loop with timers before calling ``lm_ablate.train.main`` (Hydra, the sweep and
 every run as usual): interpreter start, imports, Hydra's sweep machinery, and in each ``train()`` the data
-load, model build, peak-FLOP/s probe, evaluations, probe side passes, batches, checkpoints, W&B and the local
+load, model build, peak-FLOP/s probe, evaluations, batches, checkpoints, W&B and the local
 run record; then the process exit and the report. The timers cost microseconds per call. ``--plain`` runs
 ``python -m lm_ablate.study`` itself instead (the headline ratio only, no breakdown).
 
@@ -39,7 +40,7 @@ from _util import REPO, header, loadavg, table
 
 TARGET = 1.15
 LAUNCH_ENV = "LM_ABLATE_BENCH_LAUNCH_T"  # time.time() just before a child process is started
-DEFAULT_OVERRIDES = ["seed=0", "train.max_steps=100"]
+DEFAULT_OVERRIDES = ["seed=0"]
 
 
 # ----------------------------------------------------------------------------------------------- timers
@@ -89,8 +90,7 @@ def as_train(timings_path: str, args: list[str]) -> None:
 
     TIMINGS.process["imports"] = time.perf_counter() - tic
     for name, key in (("load_data", "data load"), ("TransformerLM", "model build"), ("measured_peak_flops", "peak FLOP/s probe"),
-                      ("evaluate", "evaluation"), ("forward_stats", "probes: side forward pass"), ("get_batch", "batches"),
-                      ("grad_stats", "probes: grad_stats (inside step time)")):
+                      ("evaluate", "evaluation"), ("get_batch", "batches")):
         wrap(loop, name, key)
     wrap(ckpt, "save", "checkpoints")
     for cls, label in ((tracking.WandbTracker, "W&B"), (tracking.LocalRecord, "local run record")):
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         child = json.loads(Path(timings_path + ".train.json").read_text())
         cp, child_runs = child["process"], child["runs"]
         trains = sum(r["train()"] for r in child_runs)
-        keys = ["data load", "model build", "peak FLOP/s probe", "evaluation", "probes: side forward pass", "batches",
+        keys = ["data load", "model build", "peak FLOP/s probe", "evaluation", "batches",
                 "checkpoints", "W&B start", "W&B log", "W&B summary", "W&B finish", "local run record start",
                 "local run record log", "local run record summary", "local run record finish"]
         inside = {k: sum(r.get(k, 0.0) for r in child_runs) for k in keys}
@@ -241,8 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         accounted = steps + sum(v for _, v in parts)
         parts.append(("unaccounted (study process exit, gaps)", total - accounted))
         rows += [[name, f"{v:.1f}", f"{100 * v / total:.1f}%"] for name, v in parts]
-        grad = sum(r.get("probes: grad_stats (inside step time)", 0.0) for r in child_runs)
-        note = f"   (the probes' grad_stats, {grad:.1f} s, is inside the step time; train() calls took {trains:.1f} s in all)"
+        note = f"   (the stability probes are inside the step time; train() calls took {trains:.1f} s in all)"
     print(table(["where the study's wall time goes", "seconds", "share"], rows))
     if not a.plain:
         print(note)

@@ -11,10 +11,10 @@ positions, backward, AdamW step (torch's CPU default implementation for both; no
 (dropout, where the config has it, is on for both: GPT-2's 0.1 on embeddings, attention and residuals).
 
 Candidates, interleaved round by round (see bench/_util.py): lm-ablate eager, transformers eager, and
-unless --no-compile the two under ``torch.compile`` (default inductor backend; the optimizer step stays
-eager, as with ``train.compile``), plus "lm-ablate compiled model+loss" (model and cross-entropy compiled as
-one function, which ``train.compile`` does not do), plus a 1024^3 fp32 matmul probe each round, the peak MFU
-is measured against. Cold compile time (first step minus a warm step, with a fresh inductor cache unless
+unless --no-compile: "lm-ablate compiled" = what ``train.compile`` runs (model and cross-entropy compiled
+as one function; the optimizer step stays eager), "lm-ablate compiled model only" and "transformers
+compiled" (``torch.compile`` of the model, default inductor backend; the loss eager: the same scope on both
+sides), plus a 1024^3 fp32 matmul probe each round, the peak MFU is measured against. Cold compile time (first step minus a warm step, with a fresh inductor cache unless
 --warm-cache) is reported separately.
 
 MFU = model_cost FLOPs/token (PaLM appendix B) x tokens/s / the matmul peak of the same round.
@@ -108,8 +108,7 @@ class Stepper:
 
 
 class LossStepper(Stepper):
-    """lm-ablate with the model AND the cross-entropy in one compiled function (``train.compile`` compiles the
-    model only; the loss then runs eager on the [tokens, vocab] logits)."""
+    """lm-ablate with the model AND the cross-entropy in one compiled function, as ``train.compile`` runs it."""
 
     def __init__(self, module, optimizer, x, y):
         def loss(x, y):
@@ -224,10 +223,9 @@ def run_family(family: str, a: argparse.Namespace) -> dict:
     }
     compile_s = {}
     if a.compile:
-        steppers["lm-ablate compiled"] = Stepper(ours, torch.compile(ours), ours_opt, x, y)
+        steppers["lm-ablate compiled"] = LossStepper(ours, ours_opt, x, y)
+        steppers["lm-ablate compiled model only"] = Stepper(ours, torch.compile(ours), ours_opt, x, y)
         steppers["transformers compiled"] = Stepper(hf, hf_forward(torch.compile(hf)), hf_opt, x, y)
-        if a.compile_loss:
-            steppers["lm-ablate compiled model+loss"] = LossStepper(ours, ours_opt, x, y)
     warm = {}
     for name, s in steppers.items():  # warm-up; the first step of a compiled candidate compiles it
         tic = time.perf_counter()
@@ -255,13 +253,13 @@ def run_family(family: str, a: argparse.Namespace) -> dict:
                      f"{flops_per_token * median(rates) / 1e9:.1f}", f"{100 * median(mfu):.1f}%",
                      f"{100 * result[name]['mfu_best_peak']:.1f}%"])
     if a.compile:
-        vs = ratios(figures["transformers compiled"], figures["lm-ablate compiled"])
+        vs = ratios(figures["transformers compiled"], figures["lm-ablate compiled model only"])
         result["compiled_vs_compiled"] = median(vs)
     print(table(["candidate", "tokens/s", "range", "x transformers eager", "range", "model GFLOP/s",
                  "MFU (round peak)", "MFU (best peak)"], rows))
     print(f"   matmul peak: median {median(peaks):.1f} GFLOP/s over the rounds, best {max(peaks):.1f}")
     if a.compile:
-        print(f"   lm-ablate compiled / transformers compiled: {result['compiled_vs_compiled']:.3f}x")
+        print(f"   lm-ablate compiled model only / transformers compiled: {result['compiled_vs_compiled']:.3f}x")
     print(f"   {load_summary(loads)}")
     eager = result["lm-ablate eager"]
     missed = eager["vs_hf_eager"] < TARGET_EAGER or (a.d_model >= 256 and eager["mfu"] < TARGET_MFU)
@@ -285,8 +283,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=2, help="train steps per candidate per round")
     p.add_argument("--no-compile", dest="compile", action="store_false")
-    p.add_argument("--no-compile-loss", dest="compile_loss", action="store_false",
-                   help="skip the extra candidate that compiles lm-ablate's model and loss together")
     p.add_argument("--warm-cache", action="store_true",
                    help="use inductor's usual on-disk cache (default: a fresh one, so compile times are cold)")
     p.add_argument("--profile", action="store_true", help="profile even when every target is met")
@@ -321,14 +317,10 @@ def main(argv: list[str] | None = None) -> int:
             c = r["lm-ablate compiled"]
             row += [f"{c['vs_hf_eager']:.3f}x", f"{r['compiled_vs_compiled']:.3f}x",
                     f"{r['compile_s']['lm-ablate compiled']:.0f} s / {r['compile_s']['transformers compiled']:.0f} s"]
-            if a.compile_loss:
-                row.append(f"{r['lm-ablate compiled model+loss']['vs_hf_eager']:.3f}x")
         rows.append(row)
     heads = ["family", "eager vs HF eager", "eager MFU"]
     if a.compile:
-        heads += ["compiled vs HF eager", "compiled vs HF compiled", "cold compile ours / HF"]
-        if a.compile_loss:
-            heads.append("compiled model+loss vs HF eager")
+        heads += ["compiled vs HF eager", "model-only compiled vs HF compiled", "cold compile ours / HF"]
     print(table(heads, rows))
     print(f"   load average at end: {loadavg()}")
     parts = []

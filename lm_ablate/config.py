@@ -8,6 +8,7 @@ with one line naming the key, the value and what is allowed.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,7 +164,7 @@ class TrainConfig:
     max_tokens: Optional[int] = None  # also stop after this many tokens (equal-token comparisons)
     max_time_s: Optional[float] = None  # also stop after this much training time (equal-wall-time comparisons)
     grad_accum: int = 1  # micro-batches per optimizer step (batch_size is the global batch and must divide)
-    compile: bool = False  # torch.compile the model (probes and checkpoints use the uncompiled module)
+    compile: bool = False  # torch.compile the forward + loss (probes, eval and checkpoints use the plain module)
     probe_every: int = 10  # steps between stability probes (per-layer stats, logit growth); 0 = off
     peak_flops: Optional[float] = None  # FLOP/s that MFU is measured against; None = a short matmul probe
     extrapolation: list[int] = field(default_factory=list)  # at the end, val loss at k x context for each k
@@ -216,7 +217,7 @@ def validate(cfg: DictConfig | Config) -> None:
 
     load_all()
     if isinstance(cfg, DictConfig):
-        _known_keys(cfg, OmegaConf.structured(Config))
+        _known_keys(cfg, _schema())
     for group, registry in REGISTRIES.items():
         registry.check(f"{group}.name", cfg[group].name)
     PLACEMENTS.check("norm.placement", cfg.norm.placement)
@@ -228,6 +229,14 @@ def validate(cfg: DictConfig | Config) -> None:
         raise bad("seed", cfg.seed, "must be >= 0")
     if cfg.tracking.mode not in (None, "online", "offline", "disabled"):
         raise bad("tracking.mode", cfg.tracking.mode, "allowed: online, offline, disabled, null")
+
+
+@functools.lru_cache(maxsize=1)
+def _schema() -> DictConfig:
+    """The schema as a read-only config, built once (building it costs more than the rest of validate)."""
+    schema = OmegaConf.structured(Config)
+    OmegaConf.set_readonly(schema, True)
+    return schema
 
 
 def _known_keys(node: DictConfig, schema: DictConfig, prefix: str = "") -> None:
@@ -395,6 +404,12 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "tra
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
+    return job_config(cfg)
+
+
+def job_config(cfg: DictConfig) -> DictConfig:
+    """A config composed with its ``hydra`` node (Hydra's compose, ``load_sweep_config``) as the task function
+    sees it: the ``hydra`` node dropped, ``choices`` filled from ``hydra.runtime.choices``. Changes ``cfg``."""
     choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra") and k != "local"}
     OmegaConf.set_struct(cfg, False)
     del cfg["hydra"]

@@ -83,7 +83,8 @@ class SerialBlock(nn.Module):
 
 class Columns(nn.Module):
     """Stands in for a sublayer's input projection once a block computes it inside a fused matmul: returns
-    its columns of the fused output plus its own bias (kept here, so fusing adds or drops no parameter)."""
+    its columns [start, start + width) of the sublayer's part of the fused output plus its own bias (kept
+    here, so fusing adds or drops no parameter). A part that is exactly these columns passes through as is."""
 
     def __init__(self, start: int, width: int, bias: Optional[nn.Parameter]):
         super().__init__()
@@ -91,34 +92,34 @@ class Columns(nn.Module):
         self.register_parameter("bias", bias)
 
     def forward(self, h: Tensor) -> Tensor:
-        y = h.narrow(-1, self.start, self.width)
+        whole = self.start == 0 and h.shape[-1] == self.width
+        y = h if whole else h.narrow(-1, self.start, self.width)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         return f"columns [{self.start}, {self.start + self.width})"
 
 
-def fuse_input_projections(d_model: int, *sublayers: nn.Module) -> nn.Linear:
+def fuse_input_projections(d_model: int, *sublayers: nn.Module) -> tuple[nn.Linear, list[int]]:
     """One Linear whose weight is the concatenation of every input projection of ``sublayers`` (their direct
     Linear children that read the d_model-wide input, i.e. not marked ``is_residual_out``: attention's qkv,
-    the FFN's up or gate_up). Each projection is replaced by its ``Columns``, so a sublayer fed the fused
-    output computes exactly what it computed from the normalized input before."""
-    slots = [
-        (owner, name, linear)
-        for owner in sublayers
-        for name, linear in owner.named_children()
-        if isinstance(linear, nn.Linear)
-        and linear.in_features == d_model
-        and not getattr(linear, "is_residual_out", False)
-    ]
-    fused = nn.Linear(d_model, sum(linear.out_features for *_, linear in slots), bias=False)
+    the FFN's up or gate_up), and the width of each sublayer's part of its output. Each projection is
+    replaced by its ``Columns`` within its sublayer's part, so a sublayer fed its part computes exactly what
+    it computed from the normalized input before."""
+    fused_rows, widths = [], []
+    for owner in sublayers:
+        start = 0
+        for name, linear in list(owner.named_children()):
+            if (isinstance(linear, nn.Linear) and linear.in_features == d_model
+                    and not getattr(linear, "is_residual_out", False)):  # fmt: skip
+                fused_rows.append(linear.weight)
+                setattr(owner, name, Columns(start, linear.out_features, linear.bias))
+                start += linear.out_features
+        widths.append(start)
+    fused = nn.Linear(d_model, sum(widths), bias=False)
     with torch.no_grad():
-        fused.weight.copy_(torch.cat([linear.weight for *_, linear in slots]))
-    start = 0
-    for owner, name, linear in slots:
-        setattr(owner, name, Columns(start, linear.out_features, linear.bias))
-        start += linear.out_features
-    return fused
+        fused.weight.copy_(torch.cat(fused_rows))
+    return fused, widths
 
 
 @BLOCKS.register("parallel")
@@ -129,7 +130,8 @@ class ParallelBlock(nn.Module):
         parallel_norms=2:  x + drop(attn(norm1(x))) + drop(ffn(norm2(x)))     (GPT-NeoX use_parallel_residual)
 
     With one shared norm both sublayers read the same h, so their input projections are ONE matmul: the block
-    owns ``fused`` (weight = [W_qkv; W_ffn_in]) and each sublayer picks its columns (``Columns``). Defined for
+    owns ``fused`` (weight = [W_qkv; W_ffn_in]), splits its output in two and hands each sublayer its part,
+    which the sublayer's ``Columns`` takes in place of its own projection. Defined for
     pre-norm only: post-style placements normalize the sum of the stream and a branch, which a parallel
     block does not have; validation rejects other ``norm.placement`` values."""
 
@@ -141,7 +143,9 @@ class ParallelBlock(nn.Module):
         self.attn, self.ffn = sublayers(cfg, layer)
         self.norm = NORMS.build(cfg.norm, m.d_model)
         self.ffn_norm = NORMS.build(cfg.norm, m.d_model) if m.parallel_norms == 2 else None
-        self.fused = fuse_input_projections(m.d_model, self.attn, self.ffn) if self.ffn_norm is None else None
+        self.fused, self.widths = None, None
+        if self.ffn_norm is None:
+            self.fused, self.widths = fuse_input_projections(m.d_model, self.attn, self.ffn)
         self.drop = nn.Dropout(site_dropout(cfg.regularization, "residual_dropout"))
 
     def init_branches(self) -> None:
@@ -150,8 +154,10 @@ class ParallelBlock(nn.Module):
     def forward(self, x: Tensor, position: PositionScheme) -> Tensor:
         if self.fused is None:
             return x + self.drop(self.attn(self.norm(x), position)) + self.drop(self.ffn(self.ffn_norm(x)))
-        h = self.fused(self.norm(x))  # [B, T, qkv + ffn input]: both input projections in one matmul
-        return x + self.drop(self.attn(h, position)) + self.drop(self.ffn(h))
+        # both input projections in one matmul, its output split once (two narrows of the whole output would
+        # each cost a full-width zero gradient in backward: bench/proposals.py)
+        h_attn, h_ffn = self.fused(self.norm(x)).split(self.widths, dim=-1)
+        return x + self.drop(self.attn(h_attn, position)) + self.drop(self.ffn(h_ffn))
 
 
 class TransformerLM(nn.Module):

@@ -33,7 +33,7 @@ from lm_ablate.optim import build_schedule
 from lm_ablate.registry import OPTIMIZERS, REGULARIZERS, TRACKERS
 from lm_ablate.distributed import init_distributed
 from lm_ablate.perf import measured_peak_flops, peak_memory_mb
-from lm_ablate.probes import forward_stats, grad_stats
+from lm_ablate.probes import NO_PROBE, StepProbe
 from lm_ablate.tracking import LocalRecord, RunInfo, Tracker, Trackers, atomic_write_text
 
 # overrides that do not change what is trained: left out of run names
@@ -255,13 +255,21 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None, on_acce
             _trim_metrics(run_dir, progress.step)
         ckpt.set_rng_state(saved["rng"])
 
-    # what runs the step: DDP when there are several processes, compiled on request; probes, checkpoints and
-    # evaluation use the plain module (same parameters)
+    # what runs the step: DDP when there are several processes; with train.compile the forward AND the loss
+    # are compiled as one function (the [tokens, vocab] log-softmax is ~5% of a step; compiling the model alone
+    # left it eager: bench/throughput.py). Probes, checkpoints and evaluation use the plain module.
     step_model: torch.nn.Module = model
     if dist_env.active:
         step_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+
+    def forward_loss(xm: torch.Tensor, ym: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """logits, then (loss, cross-entropy, z-loss term) of one micro-batch."""
+        with autocast():
+            logits = step_model(xm)
+        return logits, *regularizer.loss(logits, ym)
+
     if t.compile:
-        step_model = torch.compile(step_model)
+        forward_loss = torch.compile(forward_loss)
 
     tracker = Trackers(LocalRecord(run_dir), TRACKERS.build(cfg.tracking)) if dist_env.main else Tracker()
     info = RunInfo(run_dir, summary[M.RUN_NAME], cfg.study, run_tags(cfg), config, resume_id=summary.get("wandb_id"))
@@ -330,22 +338,21 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None, on_acce
                     group["lr"] = lr
                 # probe the first step too: per-layer gradients at initialization (Xiong et al. 2020)
                 probing = dist_env.main and t.probe_every > 0 and (step == 1 or step % t.probe_every == 0)
-                row: dict[str, float] = forward_stats(model, x, autocast) if probing else {}
+                probe = StepProbe(model, side_pass=t.compile) if probing else NO_PROBE
 
-                tic = time.perf_counter()
+                tic = time.perf_counter()  # the probes' cost is inside the step time
                 optimizer.zero_grad(set_to_none=True)
                 ce_sum, z_sum = torch.zeros((), device=device), torch.zeros((), device=device)
                 micro = list(zip(x.chunk(t.grad_accum), y.chunk(t.grad_accum)))
                 for i, (xm, ym) in enumerate(micro):
                     last = i == len(micro) - 1
                     with nullcontext() if last or not dist_env.active else step_model.no_sync():
-                        with autocast():
-                            logits = step_model(xm)
-                        loss, ce, z = regularizer.loss(logits, ym)
+                        with probe.watch(xm, autocast):
+                            logits, loss, ce, z = forward_loss(xm, ym)
+                        probe.logits(logits)
                         (loss / len(micro)).backward()
                     ce_sum, z_sum = ce_sum + ce.detach(), z_sum + z.detach()
-                if probing:
-                    row.update(grad_stats(model))
+                probe.after_backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), regularizer.grad_clip or math.inf)
                 ce_value = dist_env.mean(ce_sum / len(micro)).item()
                 norm_value = grad_norm.item()
@@ -356,6 +363,7 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None, on_acce
                 progress.step = step
                 rate = meter.update(tokens_per_step, seconds)
 
+                row: dict[str, float] = dict(probe.stats)
                 row.update({
                     M.TRAIN_LOSS: ce_value,
                     M.GRAD_NORM: norm_value,

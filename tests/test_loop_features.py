@@ -18,7 +18,7 @@ import torch
 from lm_ablate import metrics as M
 from lm_ablate.config import compose
 from lm_ablate.model import TransformerLM
-from lm_ablate.probes import forward_stats, grad_stats
+from lm_ablate.probes import StepProbe, forward_stats, grad_stats
 from lm_ablate.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def run(tmp_path: Path, cache_dir: str, name: str, *overrides: str) -> dict:
 def test_probes_are_logged_and_do_not_change_the_curve(tmp_path, cache_dir):
     run(tmp_path, cache_dir, "on", "train.probe_every=5", "regularization=dropout")
     run(tmp_path, cache_dir, "off", "train.probe_every=0", "regularization=dropout")
-    assert curve(tmp_path / "on") == curve(tmp_path / "off")  # eval-mode side pass draws no random numbers
+    assert curve(tmp_path / "on") == curve(tmp_path / "off")  # observers read, under no_grad, and draw no random numbers
     probed = [r for r in rows(tmp_path / "on") if M.LOGITS_MAX_ABS in r]
     assert [r[M.STEP] for r in probed] == [1, 5, 10, 15, 20]
     for layer in range(2):
@@ -90,6 +90,31 @@ def test_probe_values_match_an_independent_computation(overrides):
             allowed &= i_idx - j_idx < attn.window
         assert stats[M.layer_metric(i, M.MAX_ATTN_LOGIT)] == pytest.approx(scores[..., allowed].max().item(), rel=1e-5)
     assert stats[M.layer_metric(0, M.MAX_ATTN_LOGIT)] > 1.0
+
+
+@pytest.mark.parametrize("side_pass", [False, True])
+@pytest.mark.parametrize("overrides", [[], ["attention=gqa", "position=rope", "attention.qk_norm=per_head"],
+                                       ["model.block=parallel", "attention.softcap=5.0"]])
+def test_step_probe_observes_the_training_forward(overrides, side_pass):
+    """The loop's probe (observers inside the training forward, or the side pass used under compile) gives
+    the values of the checked side pass above, on the step's first micro-batch, plus grad_stats after backward;
+    the training forward's logits are what they would be without the probe."""
+    model, x = _model(*overrides)
+    model.train()  # no dropout in these configs: train and eval forward agree
+    micro = x.chunk(3)
+    expected = forward_stats(model, micro[0], nullcontext)
+    with torch.no_grad():
+        plain = [model(xm) for xm in micro]
+    probe = StepProbe(model, side_pass=side_pass)
+    for xm, want in zip(micro, plain):
+        with probe.watch(xm, nullcontext):
+            logits = model(xm)
+        probe.logits(logits)
+        torch.testing.assert_close(logits, want, rtol=0, atol=0)
+        torch.nn.functional.cross_entropy(logits.view(-1, 64), xm.view(-1)).backward()
+    probe.after_backward()
+    assert probe.stats == pytest.approx(expected | grad_stats(model), rel=1e-6)
+    assert all(b.attn.qk_observer is None for b in model.blocks) and not model.blocks[0]._forward_hooks
 
 
 def test_per_layer_grad_and_param_norms():

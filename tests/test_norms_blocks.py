@@ -96,6 +96,25 @@ def test_rmsnorm_matches_formula():
     torch.testing.assert_close(norm(x), rms_ref(x, norm.weight, 1e-6), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("unit_offset", [False, True])
+def test_rmsnorm_backward_matches_torch_autograd(unit_offset):
+    """The hand-written backward (RMSNormFunction) against autograd through torch's own F.rms_norm, for
+    the input and the gain, plus a float64 gradcheck of the function itself."""
+    from lm_ablate.components.norm import RMSNormFunction
+
+    norm = perturb(NORMS.build(norm_cfg(name="rmsnorm", unit_offset=unit_offset, eps=1e-6), 16), 1.0)
+    x = (torch.randn(3, 5, 16) * 2 + 1).requires_grad_()
+    g = torch.randn(3, 5, 16)
+    gain = 1 + norm.weight if unit_offset else norm.weight
+    grads = torch.autograd.grad((norm(x) * g).sum(), (x, norm.weight))
+    expected = torch.autograd.grad((F.rms_norm(x, (16,), gain, 1e-6) * g).sum(), (x, norm.weight))
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    x64 = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    w64 = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: RMSNormFunction.apply(a, b, 1e-6), (x64, w64))
+
+
 def test_unit_offset_rmsnorm_matches_formula_and_hf_gemma():
     from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lm_ablate.components.norm import RMSNorm
 from lm_ablate.components.position import PositionScheme, relative_distance
 from lm_ablate.config import AttentionConfig, ModelConfig, head_dim
 from lm_ablate.registry import ATTENTIONS, Registry
@@ -44,7 +45,7 @@ def no_qk_norm(width: int, head_dim: int, eps: float) -> nn.Module:
 @QK_NORMS.register("whole")
 def whole_qk_norm(width: int, head_dim: int, eps: float) -> nn.Module:
     """OLMo 2 (OLMo et al. 2024): one RMSNorm over all heads' dims of the projection at once."""
-    return nn.RMSNorm(width, eps=eps)
+    return RMSNorm(width, eps=eps)
 
 
 @QK_NORMS.register("per_head")
@@ -54,7 +55,7 @@ class PerHeadRMSNorm(nn.Module):
     def __init__(self, width: int, head_dim: int, eps: float):
         super().__init__()
         self.head_dim = head_dim
-        self.norm = nn.RMSNorm(head_dim, eps=eps)
+        self.norm = RMSNorm(head_dim, eps=eps)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.norm(x.unflatten(-1, (-1, self.head_dim))).flatten(-2)
@@ -69,6 +70,7 @@ def layer_window(cfg: AttentionConfig, layer: int) -> int | None:
 @ATTENTIONS.register("mha", "gqa", "mqa")
 class CausalSelfAttention(nn.Module):
     force_explicit = False  # tests: run the written-out path even without a cap, to compare it with SDPA
+    qk_observer = None  # set by probes.observed: called with (q, k) of every forward while set
 
     def __init__(self, cfg: AttentionConfig, model: ModelConfig, dropout: float = 0.0, layer: int = 0):
         super().__init__()
@@ -134,19 +136,27 @@ class CausalSelfAttention(nn.Module):
         return q, k, v
 
     @torch.no_grad()
-    def max_logit(self, x: Tensor, position: PositionScheme) -> Tensor:
+    def max_logit(self, q: Tensor, k: Tensor) -> Tensor:
         """Largest pre-softmax logit scale * q.k over the (query, key) pairs the mask lets through, before any
         softcap and position bias: the quantity whose growth QK-norm and softcapping are meant to stop
-        (Dehghani et al. 2023). A stability probe computes it on a side pass; training never calls it."""
-        q, k, _ = self.project(x, position)
-        T = q.shape[-2]
-        k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
-        scores = (q @ k.transpose(-2, -1)).float() * self.scale
-        return (scores + self.mask(T, T, None, x.device, torch.float32)).amax()
+        (Dehghani et al. 2023). For the stability probes (probes.py); training never calls it. In fp32, a
+        slice of the batch at a time (at most ~2^24 scores each), so long contexts do not run out of memory."""
+        B, H, T, _ = q.shape
+        mask = self.mask(T, k.shape[-2], None, q.device, torch.float32)
+        k = k.detach().repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        step = max(1, 2**24 // (H * T * k.shape[-2]))
+        return torch.stack(
+            [
+                ((q[b : b + step].detach() @ k[b : b + step].transpose(-2, -1)).float() * self.scale + mask).amax()
+                for b in range(0, B, step)
+            ]
+        ).amax()
 
     def forward(self, x: Tensor, position: PositionScheme) -> Tensor:
         B, T, _ = x.shape
         q, k, v = self.project(x, position)
+        if self.qk_observer is not None:  # a stability probe reads q and k (probes.py); None while training
+            self.qk_observer(q, k)
         bias = position.score_bias(T, T, x.device, q.dtype)
         plain_causal = bias is None and self.window is None and not self.explicit
         mask = None if plain_causal else self.mask(T, T, bias, x.device, q.dtype)

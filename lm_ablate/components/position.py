@@ -140,6 +140,8 @@ class RotaryPosition(PositionScheme):
         return self._cos[:n], self._sin[:n]
 
     def _rotate_one(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        if self.dims == x.shape[-1]:  # fraction 1: no pass-through part, so no slice and no concatenation
+            return x * cos.to(x.dtype) + self.layout.partner(x) * sin.to(x.dtype)
         x_rot, x_pass = x[..., : self.dims], x[..., self.dims :]
         x_rot = x_rot * cos.to(x.dtype) + self.layout.partner(x_rot) * sin.to(x.dtype)
         return torch.cat((x_rot, x_pass), dim=-1)
