@@ -271,3 +271,188 @@ def test_refused_resume_leaves_hydra_copy_alone(inputs: Inputs, tmp_path: Path) 
                    f"hydra.run.dir={run_dir}", "model.d_model=64"])
     assert out.returncode == 2 and "checkpoint is of another config" in out.stderr
     assert {p.name: p.read_bytes() for p in hydra_dir.iterdir()} == before
+
+
+
+# ----------------------------------------------------- sweeps: every arm is validated before any job is launched
+SWEEP_CASES = [
+    # (sweep overrides, the bad arm as labelled, substrings of its error); the bad arm is the last one, so a
+    # sweep that stopped at it would have run the good arm before it
+    pytest.param(
+        ("model.n_heads=2,3",),
+        "model.n_heads=3",
+        ("model.n_heads=3 is invalid", "must divide model.d_model=32"),
+        id="validate",
+    ),
+    pytest.param(
+        ("norm.placement=pre,bogus",),
+        "norm.placement=bogus",
+        ("norm.placement='bogus' is invalid", "allowed: deepnorm"),
+        id="registry",
+    ),
+    pytest.param(
+        ("norm=layernorm,rmsnrom",),
+        "norm=rmsnrom",
+        ("norm='rmsnrom' is invalid: no such option", "allowed: layernorm, none, rmsnorm"),
+        id="unknown_group_option",
+    ),
+    pytest.param(
+        ("model.n_heads=2,3", "hydra/launcher=local_parallel", "train.threads=1"),
+        "model.n_heads=3",
+        ("model.n_heads=3 is invalid",),
+        id="joblib_launcher",
+    ),
+    pytest.param(
+        ("model.n_heads=2,3", "hydra/launcher=slurm"),
+        "model.n_heads=3",
+        ("model.n_heads=3 is invalid",),
+        id="slurm_launcher",
+    ),  # refused before anything is submitted
+]
+
+
+@pytest.mark.parametrize("sweep, arm, expect", SWEEP_CASES)
+def test_multirun_with_a_bad_arm_runs_nothing(sweep, arm, expect, inputs: Inputs, tmp_path: Path) -> None:
+    out = run_cli(
+        [
+            sys.executable,
+            "-m",
+            "lm_ablate.train",
+            "--multirun",
+            "debug=smoke",
+            "tracking=none",
+            "train.max_steps=2",
+            f"data.cache_dir={inputs.cache}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            *sweep,
+        ]
+    )
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"lm-ablate: error: {arm}: "), out.stderr[-3000:]
+    missing = [s for s in expect if s not in lines[0]]
+    assert not missing, f"{missing} not in {lines[0]!r}"
+    assert "Launching jobs" not in out.stdout + out.stderr
+    assert not (tmp_path / "sweep").exists(), "the sweep created its directory (or a job's) before refusing"
+
+
+def test_study_with_a_bad_swept_override_runs_nothing(inputs: Inputs, tmp_path: Path) -> None:
+    """norm_2x2 is 2 norms x 2 placements x 3 seeds; a swept override adds 2 head counts: 24 arms, 12 bad."""
+    out = run_cli(
+        [
+            sys.executable,
+            "-m",
+            "lm_ablate.study",
+            "norm_2x2",
+            "--out",
+            str(tmp_path / "sweep"),
+            "debug=smoke",
+            f"data.cache_dir={inputs.cache}",
+            "model.n_heads=2,3",
+        ]
+    )
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 12, out.stderr[-3000:]
+    for line in lines:
+        assert (
+            line.startswith("lm-ablate: error: norm=")
+            and "model.n_heads=3: model.n_heads=3 is invalid" in line
+        )
+    assert "norm=rmsnorm norm.placement=post seed=2 model.n_heads=3: " in lines[-1]
+    assert not (tmp_path / "sweep").exists()
+    assert "building the report" not in out.stdout
+
+
+def test_good_multirun_runs_every_arm(inputs: Inputs, tmp_path: Path) -> None:
+    out = run_cli(
+        [
+            sys.executable,
+            "-m",
+            "lm_ablate.train",
+            "--multirun",
+            "debug=smoke",
+            "tracking=none",
+            "train.max_steps=2",
+            "train.eval_every=2",
+            "train.probe_every=0",
+            "train.peak_flops=1e12",
+            f"data.cache_dir={inputs.cache}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            "norm=layernorm,rmsnorm",
+        ]
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    statuses = [
+        json.loads((tmp_path / "sweep" / str(i) / M.SUMMARY_FILE).read_text())[M.STATUS] for i in range(2)
+    ]
+    assert statuses == [M.STATUS_COMPLETED] * 2
+
+
+def test_sweep_check_skips_other_sweepers_and_pickles() -> None:
+    """An optimizing sweeper (Optuna) picks its arms as it goes: nothing to expand, each job validates itself.
+    Launchers that run jobs elsewhere (joblib, submitit) pickle the callbacks along with the job."""
+    import pickle
+
+    from omegaconf import OmegaConf
+
+    from lm_ablate.sweep_check import ValidateSweep
+
+    cfg = OmegaConf.create(
+        {
+            "hydra": {
+                "sweeper": {
+                    "_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper",
+                    "params": {"model.n_heads": "choice(2, 3)"},
+                }
+            }
+        }
+    )
+    assert ValidateSweep().on_multirun_start(cfg) is None  # would need Hydra's loader if it expanded anything
+    assert isinstance(pickle.loads(pickle.dumps(ValidateSweep())), ValidateSweep)
+
+
+@pytest.mark.parametrize(
+    "study, extra",
+    [
+        ("regularization", ()),  # 4 group options x 3 seeds
+        (
+            "parallel_vs_serial",
+            ("arch=llama,gpt2", "norm.eps=1e-6", "+model.foo=1", "++train.batch_size=8"),
+        ),
+    ],
+)
+def test_sweep_check_composes_each_arm_as_hydra_does(study: str, extra: tuple[str, ...]) -> None:
+    """The check composes once per distinct set of group overrides and applies the value overrides to a copy;
+    every arm must come out exactly as Hydra's own composition of that arm (here the groups are found through
+    hydra.searchpath, which the loader's default repository does not know)."""
+    import copy
+
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from lm_ablate.config import CONF_DIR, job_config
+    from lm_ablate.study import SWEEPS_DIR
+    from lm_ablate.sweep_check import ArmChecker, sweep_arms, sweep_errors
+
+    overrides = [f"hydra.searchpath=[file://{CONF_DIR}]", "hydra.sweep.dir=/nonexistent", *extra]
+    with initialize_config_dir(str(SWEEPS_DIR), version_base="1.3"):
+        hydra = GlobalHydra.instance().hydra
+        master = hydra.compose_config(study, overrides, run_mode=RunMode.MULTIRUN)
+        checker, arms = ArmChecker(master), sweep_arms(master)
+        for arm in arms:
+            groups, values = checker._split(arm)
+            fast = copy.deepcopy(checker._compose(groups))
+            checker.apply(values, fast)
+            full = job_config(hydra.config_loader.load_sweep_config(master, arm))
+            assert OmegaConf.to_container(fast) == OmegaConf.to_container(full), arm
+        assert len(checker.composed) < len(arms)
+        errors = sweep_errors(master)
+    bad = len(arms) if "+model.foo=1" in extra else 0
+    assert len(errors) == bad and all(
+        ": model.foo=1 is invalid: unknown key; keys of model" in e for e in errors
+    )
