@@ -6,7 +6,8 @@ before the sweep directory, any job directory or run record is created, whicheve
 expands the arms exactly as Hydra's basic sweeper does (``hydra.sweeper.params``, then the command line's
 overrides, as a cartesian product), composes each arm with Hydra's own config loader and runs
 :func:`lm_ablate.config.validate` on it: composition only, no model, no data, no device. If any arm is bad it
-prints one line per bad arm and exits with status 2, and nothing runs. Another sweeper (Optuna, Nevergrad)
+prints one line per distinct error (naming the arm, or how many arms share it and the first and last) and
+exits with status 2, and nothing runs. Another sweeper (Optuna, Nevergrad)
 chooses its arms as it goes: then nothing is checked here and each job validates itself as before.
 Checks that depend on the machine a job runs on (``train.device``, data files, resume) stay in the job.
 """
@@ -136,7 +137,8 @@ class ArmChecker:
 
 
 def sweep_errors(config: DictConfig) -> list[str]:
-    """``<arm>: <error>`` for every bad arm of the sweep (empty when every arm is valid)."""
+    """``<arm>: <error>`` for every bad arm of the sweep, arms with the same error on one line (``<n> of <N>
+    arms (<first>, ..., <last>): <error>``); empty when every arm is valid."""
     try:
         arms = sweep_arms(config)
     except Exception as err:  # a sweep the basic sweeper cannot expand (interval(...)): its own one line
@@ -145,12 +147,16 @@ def sweep_errors(config: DictConfig) -> list[str]:
             raise
         return [line]
     checker = ArmChecker(config)
-    errors = []
+    by_error: dict[str, list[str]] = {}  # one error shared by many arms (a bad fixed override) is one line
     for label, arm in zip(arm_labels(arms), arms):
         error = checker.error(arm)
         if error is not None:
-            errors.append(f"{label}: {error}")
-    return errors
+            by_error.setdefault(error, []).append(label)
+    return [
+        f"{labels[0]}: {error}" if len(labels) == 1
+        else f"{len(labels)} of {len(arms)} arms ({labels[0]}, ..., {labels[-1]}): {error}"
+        for error, labels in by_error.items()
+    ]
 
 
 class ValidateSweep(Callback):

@@ -355,13 +355,12 @@ def test_study_with_a_bad_swept_override_runs_nothing(inputs: Inputs, tmp_path: 
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert len(lines) == 12, out.stderr[-3000:]
-    for line in lines:
-        assert (
-            line.startswith("lm-ablate: error: norm=")
-            and "model.n_heads=3: model.n_heads=3 is invalid" in line
-        )
-    assert "norm=rmsnorm norm.placement=post seed=2 model.n_heads=3: " in lines[-1]
+    assert lines == [
+        "lm-ablate: error: 12 of 24 arms (norm=layernorm norm.placement=pre seed=0 model.n_heads=3, ..., "
+        "norm=rmsnorm norm.placement=post seed=2 model.n_heads=3): model.n_heads=3 is invalid: "
+        + lines[0].split("model.n_heads=3 is invalid: ", 1)[-1]
+    ], out.stderr[-3000:]  # one error shared by 12 arms: one line
+    assert "must divide model.d_model" in lines[0]
     assert not (tmp_path / "sweep").exists()
     assert "building the report" not in out.stdout
 
