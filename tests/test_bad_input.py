@@ -311,22 +311,16 @@ SWEEP_CASES = [
 ]
 
 
+def multirun(inputs: Inputs, tmp_path: Path, *overrides: str):
+    """``python -m lm_ablate.train --multirun`` on the smoke config, sweep directory ``tmp_path/sweep``."""
+    return run_cli([sys.executable, "-m", "lm_ablate.train", "--multirun", "debug=smoke", "tracking=none",
+                    "train.max_steps=2", f"data.cache_dir={inputs.cache}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                    *overrides])  # fmt: skip
+
+
 @pytest.mark.parametrize("sweep, arm, expect", SWEEP_CASES)
 def test_multirun_with_a_bad_arm_runs_nothing(sweep, arm, expect, inputs: Inputs, tmp_path: Path) -> None:
-    out = run_cli(
-        [
-            sys.executable,
-            "-m",
-            "lm_ablate.train",
-            "--multirun",
-            "debug=smoke",
-            "tracking=none",
-            "train.max_steps=2",
-            f"data.cache_dir={inputs.cache}",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-            *sweep,
-        ]
-    )
+    out = multirun(inputs, tmp_path, *sweep)
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     lines = [line for line in out.stderr.splitlines() if line.strip()]
@@ -366,23 +360,8 @@ def test_study_with_a_bad_swept_override_runs_nothing(inputs: Inputs, tmp_path: 
 
 
 def test_good_multirun_runs_every_arm(inputs: Inputs, tmp_path: Path) -> None:
-    out = run_cli(
-        [
-            sys.executable,
-            "-m",
-            "lm_ablate.train",
-            "--multirun",
-            "debug=smoke",
-            "tracking=none",
-            "train.max_steps=2",
-            "train.eval_every=2",
-            "train.probe_every=0",
-            "train.peak_flops=1e12",
-            f"data.cache_dir={inputs.cache}",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-            "norm=layernorm,rmsnorm",
-        ]
-    )
+    out = multirun(inputs, tmp_path, "train.eval_every=2", "train.probe_every=0", "train.peak_flops=1e12",
+                   "norm=layernorm,rmsnorm")  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     statuses = [
         json.loads((tmp_path / "sweep" / str(i) / M.SUMMARY_FILE).read_text())[M.STATUS] for i in range(2)
