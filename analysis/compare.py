@@ -450,7 +450,9 @@ def lr_sweep(rs: RunSet, key: str = LR_KEY) -> LRSweep | None:
         return None
     assignment, contexts = _assign(rs, axis, axes, run_ids)
     lrs = sorted({float(rs.configs[r][key]) for r in run_ids})
-    runs = rs.runs.set_index("run_id", drop=False)
+    # the columns _lr_point reads: selecting rows of the full (wide) table per point cost ~0.1 s on 1000 runs
+    wanted = ["run_id", M.STATUS, M.FINAL_VAL_LOSS, *([INIT_VAL_LOSS] if INIT_VAL_LOSS in rs.runs else [])]
+    runs = rs.runs[wanted].set_index("run_id", drop=False)
     init = pd.to_numeric(runs.get(INIT_VAL_LOSS, pd.Series(math.nan, index=runs.index)), errors="coerce")
     points, best = [], []
     for context in contexts:

@@ -4,14 +4,17 @@ A sweep is only useful if a report can be made from whatever it left behind: run
 never started, half-written JSON lines. So every reader here degrades: what cannot be read becomes a status
 (``incomplete``, ``corrupt``) and a line in :attr:`RunSet.problems`, and the rest of the run is still used.
 
-Reading is also built to scale to sweeps of a thousand long runs: metrics.jsonl goes through pyarrow's JSON
-reader (C++, NaN/Infinity aware) with a Python line-by-line reader as the fallback for any file it rejects,
-config.yaml through libyaml, and runs are read in forked worker processes. Callers that need only some
+Reading is also built to scale to sweeps of a thousand long runs: metrics.jsonl goes through msgspec (typed
+rows holding only the columns asked for; strict JSON), then pyarrow's JSON reader (C++, NaN/Infinity aware)
+for a file msgspec rejects, with a Python line-by-line reader as the fallback for any file both reject;
+config.yaml goes through libyaml, and runs are read in forked worker processes. Callers that need only some
 metrics pass ``keep`` so the history of a big sweep fits in memory.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import math
 import os
@@ -245,23 +248,25 @@ def _note_bad_lines(bad: list[int], n_lines: int, run_id: str, problems: list[st
 
 
 FastRead = tuple[None, dict[str, np.ndarray], np.ndarray, "int | None", dict[str, float]]
+# (step of every row, columns, index of the first row with a logged non-finite loss or grad norm), rows in
+# file order; a column's NaN is a row that did not log it (or logged null, or NaN itself)
+Decoded = tuple[np.ndarray, dict[str, np.ndarray], "int | None"]
 
 
 def _read_metrics_fast(
     data: bytes, run_id: str, problems: list[str], keep: Keep | None, need_base: bool = True
 ) -> FastRead | None:
-    """pyarrow's JSON reader over the whole file: (None, columns, steps, first non-finite step, run-level
-    values), with steps unique and sorted; None when the file needs the careful reader.
+    """A whole-file reader: (None, columns, steps, first non-finite step, run-level values), with steps unique
+    and sorted; None when the file needs the careful reader.
 
+    With ``keep``, only val/loss, the base columns if ``need_base``, the per-layer attention logits and the
+    kept columns seen in the first lines are converted, by msgspec into typed rows (5000 of the loop's rows,
+    1.9 MB: ~3 ms against pyarrow's ~7.5 ms); a file msgspec rejects (NaN/Infinity from a diverged run, a
+    value of another type) goes to pyarrow's JSON reader, which also reads every column when ``keep`` is None.
     A last line cut short by a kill (the usual damage in a live sweep) is dropped here, as the careful reader
-    would. With ``keep``, only val/loss, the base columns if ``need_base``, the per-layer attention logits
-    and the kept columns seen in the first lines are converted (tokenizing 5000 rows costs ~5 ms, each
-    column converted ~0.3-1 ms more). The first probe row is taken from the first lines and extrapolation
-    losses from the last ones, which is where the loop logs them.
+    would. The first probe row is taken from the first lines and extrapolation losses from the last ones,
+    which is where the loop logs them.
     """
-    import pyarrow as pa
-    import pyarrow.json as pj
-
     if not data or data.isspace():
         return None, {}, np.array([], dtype=np.int64), None, {}
     bad: list[int] = []
@@ -276,11 +281,89 @@ def _read_metrics_fast(
     tail = _parse_lines(data, TAIL_LINES, from_end=True)
     if head is None or tail is None:
         return None
-    parse_options = None
-    if keep is not None:
+    if keep is None:
+        decoded = _decode_arrow(data, None)
+    else:
         names = [M.STEP, *(BASE_COLUMNS if need_base else (M.VAL_LOSS,))]
         names += [k for k in dict.fromkeys(k for row in head for k in row)
                   if k not in names and (keep(k) or _is_attn_logit(k))]  # fmt: skip
+        # a diverged run's last rows hold NaN/Infinity, which msgspec would reject only after reading the rest
+        strict = not any(_nonfinite(v) for row in tail for v in row.values())
+        typed = _decode_typed(data, names, also=(M.TRAIN_LOSS, M.GRAD_NORM)) if strict else None
+        decoded = typed or _decode_arrow(data, names)
+    if decoded is None:
+        return None
+    steps, columns, first_nonfinite = decoded
+    if not np.isfinite(steps).all() or (steps != np.round(steps)).any():
+        return None
+    nonfinite = int(steps[first_nonfinite]) if first_nonfinite is not None else None
+    _note_bad_lines(bad, bad[0] if bad else 0, run_id, problems)
+    if len(steps) > 1 and not (np.diff(steps) > 0).all():  # resumed run: keep the last row of each step
+        _, last_from_end = np.unique(steps[::-1], return_index=True)
+        order = len(steps) - 1 - last_from_end  # ascending steps, each at its last occurrence
+        steps = steps[order]
+        columns = {name: values[order] for name, values in columns.items()}
+    val = columns.get(M.VAL_LOSS)
+    extras = history_extras(
+        val[~np.isnan(val)] if val is not None else None,
+        next((r for r in head if any(_is_layer_grad(k) for k in r)), None),
+        next((r for r in reversed(tail) if any(_is_extrapolation(k) for k in r)), None),
+    )
+    return None, columns, steps.astype(np.int64), nonfinite, extras
+
+
+@functools.lru_cache(maxsize=16)
+def _row_decoder(names: tuple[str, ...]) -> Any:
+    """A msgspec decoder of JSON rows into structs holding just ``names`` (float, null, or NaN when absent);
+    other keys are skipped unparsed."""
+    import msgspec
+
+    fields = [(f"f{i}", float | None, math.nan) for i in range(len(names))]
+    row = msgspec.defstruct("Row", fields, rename={f"f{i}": n for i, n in enumerate(names)}, gc=False)
+    return msgspec.json.Decoder(row)
+
+
+def _decode_typed(data: bytes, names: list[str], also: Sequence[str] = ()) -> Decoded | None:
+    """``names`` (float columns, ``names[0]`` the step) of every row, or None if msgspec rejects the file.
+
+    Strict JSON only: NaN, Infinity and numbers out of a double's range are errors, so every NaN in the
+    result is a row that did not log the key, and no row logged a non-finite value. Keys in ``also`` are
+    parsed (so rejected like ``names`` when out of range) but not returned: with the loss and the grad norm
+    there, a file whose loss pyarrow cannot read (1e999) reaches the careful reader, which counts it as a
+    non-finite step, exactly as when pyarrow read every file; msgspec skips other keys without parsing them.
+    """
+    try:
+        import msgspec
+    except ImportError:  # an optional speed-up: pyarrow reads the same files
+        return None
+    if not hasattr(msgspec.json.Decoder, "decode_lines"):  # msgspec < 0.18
+        return None
+    parsed = (*names, *(k for k in also if k not in names))
+    try:  # blank lines are skipped and rows are split at "}{" as pyarrow does; any other fault fails the file
+        rows = _row_decoder(parsed).decode_lines(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if not rows:
+        return None
+    try:  # row-major in one pass (~1.6x faster than a pass per column)
+        flat = itertools.chain.from_iterable(map(msgspec.structs.astuple, rows))
+        table = np.fromiter(flat, float, len(rows) * len(parsed)).reshape(len(rows), len(parsed))
+    except TypeError:  # a null is None, which np.array reads as NaN
+        table = np.array([msgspec.structs.astuple(r) for r in rows], dtype=float)
+    # a column no row logged is left out, as pyarrow's path leaves out an all-null one
+    columns = {name: np.ascontiguousarray(table[:, i]) for i, name in enumerate(names)}
+    steps = columns.pop(names[0])
+    return steps, {name: v for name, v in columns.items() if not np.isnan(v).all()}, None
+
+
+def _decode_arrow(data: bytes, names: list[str] | None) -> Decoded | None:
+    """pyarrow's JSON reader: ``names`` as float columns (or every column, types inferred, when None), or None
+    if pyarrow rejects the file or a row has no step. NaN and Infinity are read as values."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    parse_options = None
+    if names is not None:
         schema = pa.schema([(n, pa.float64()) for n in names])
         parse_options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     try:
@@ -297,34 +380,19 @@ def _read_metrics_fast(
     if step_col.null_count or not (pa.types.is_integer(step_col.type) or pa.types.is_floating(step_col.type)):
         return None
     steps = step_col.to_numpy().astype(float)
-    if not np.isfinite(steps).all() or (steps != np.round(steps)).any():
-        return None
     # first row (in file order, as the careful reader) with a logged, non-null, non-finite loss or grad norm
     hits = [i for i in (_first_nonfinite_row(table, n) for n in (M.TRAIN_LOSS, M.GRAD_NORM)) if i is not None]
-    nonfinite = int(steps[min(hits)]) if hits else None
-    _note_bad_lines(bad, bad[0] if bad else 0, run_id, problems)
-    order = None
-    if len(steps) > 1 and not (np.diff(steps) > 0).all():  # resumed run: keep the last row of each step
-        _, last_from_end = np.unique(steps[::-1], return_index=True)
-        order = len(steps) - 1 - last_from_end  # ascending steps, each at its last occurrence
     columns: dict[str, np.ndarray] = {}
     for name in table.column_names:
         col = table.column(name)
         if name == M.STEP or (parse_options is not None and col.null_count == table.num_rows):
             continue
         if pa.types.is_floating(col.type) or pa.types.is_integer(col.type) or pa.types.is_null(col.type):
-            values = col.to_numpy(zero_copy_only=False).astype(float, copy=False)
+            columns[name] = col.to_numpy(zero_copy_only=False).astype(float, copy=False)
         else:  # bool, text, nested: what the careful reader's to_numeric would make of it
-            values = pd.to_numeric(pd.Series(col.to_pylist(), dtype=object), errors="coerce").to_numpy(float)
-        columns[name] = values if order is None else values[order]
-    steps = (steps if order is None else steps[order]).astype(np.int64)
-    val = columns.get(M.VAL_LOSS)
-    extras = history_extras(
-        val[~np.isnan(val)] if val is not None else None,
-        next((r for r in head if any(_is_layer_grad(k) for k in r)), None),
-        next((r for r in reversed(tail) if any(_is_extrapolation(k) for k in r)), None),
-    )
-    return None, columns, steps, nonfinite, extras
+            values = pd.Series(col.to_pylist(), dtype=object)
+            columns[name] = pd.to_numeric(values, errors="coerce").to_numpy(float)
+    return steps, columns, min(hits) if hits else None
 
 
 def _first_nonfinite_row(table: Any, name: str) -> int | None:

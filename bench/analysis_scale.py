@@ -19,6 +19,7 @@ import itertools
 import json
 import math
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -139,6 +140,17 @@ def generate(root: Path, n_runs: int, n_steps: int, workers: int) -> None:
         list(pool.map(_run, jobs, chunksize=8))
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process and its finished workers: unlike the wall time, not inflated by waiting for a
+    core that other processes hold (it still includes their effect on caches)."""
+    own, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime
+
+
+def _loadavg() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1000)
@@ -163,11 +175,12 @@ def main(argv: list[str] | None = None) -> int:
             size = sum(f.stat().st_size for f in sweep.rglob("*") if f.is_file())
             print(f"generated {args.runs} runs x {args.steps} steps ({size / 2**30:.2f} GiB) "
                   f"in {time.perf_counter() - tic:.1f} s")  # fmt: skip
-        tic = time.perf_counter()
+        load, tic, cpu = _loadavg(), time.perf_counter(), _cpu_seconds()
         build_report([sweep], root / "report")
-        elapsed = time.perf_counter() - tic
+        elapsed, cpu = time.perf_counter() - tic, _cpu_seconds() - cpu
         print(f"build_report: {elapsed:.1f} s for {args.runs} runs x {args.steps} steps "
-              f"({elapsed / TARGET_S:.2f}x the {TARGET_S:.0f} s target)")  # fmt: skip
+              f"({elapsed / TARGET_S:.2f}x the {TARGET_S:.0f} s target); CPU {cpu:.1f} s (with its workers); "
+              f"load average {load} -> {_loadavg()}")  # fmt: skip
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -282,6 +282,150 @@ def test_new_figures_skipped_cleanly_without_their_data(lr_sweep_dir, tmp_path):
     assert P.loss_figures(rs, comp) and P.grad_norm_figures(rs, comp)
 
 
+def test_grad_norm_figure_draws_every_run_thinned_with_its_spikes(tmp_path, monkeypatch):
+    """One LineCollection per arm and line style still draws every run (each line thinned to the highest point
+    of every few steps, so a one-step spike stays visible), marks every flagged spike and every divergence."""
+    from matplotlib.collections import LineCollection
+
+    from analysis import plots as P
+
+    steps = 3000  # > MAX_POINTS // 3: lines are thinned
+    runs = [("pre", 0, None), ("pre", 1, None), ("post", 0, None), ("post", 1, 2000)]  # post seed 1 diverges
+    for i, (placement, seed, diverge_at) in enumerate(runs):
+        rows = [{M.STEP: 0, M.VAL_LOSS: 10.0}]
+        for s in range(1, steps + 1):
+            spike = s == 1234 + i
+            rows.append({M.STEP: s, M.TRAIN_LOSS: 3.0, M.GRAD_NORM: 50.0 if spike else 1.0 + 1e-4 * s + 0.1 * i,
+                         M.SPIKE_GRAD_NORM: float(spike)})  # fmt: skip
+            if s == diverge_at:
+                rows[-1][M.GRAD_NORM] = math.inf
+                break
+        status = M.STATUS_DIVERGED if diverge_at else M.STATUS_COMPLETED
+        write(tmp_path / str(i), config(placement, 1e-2, seed), rows,
+              summary(placement, 1e-2, seed, 3.0, status, rows[-1][M.STEP]))  # fmt: skip
+    rs = load_runs([tmp_path])
+    comp = compare_runs(rs, by=["norm.placement"]).comparisons[0]
+    drawn = []
+    monkeypatch.setattr(P, "_png", lambda fig: drawn.append(fig) or b"")
+    assert len(P.grad_norm_figures(rs, comp)) == 1
+    (ax,) = drawn[0].axes[:1]
+    lines = [c for c in ax.collections if isinstance(c, LineCollection)]
+    segments = [s for c in lines for s in c.get_segments()]
+    assert len(segments) == len(runs)  # every run, in 3 collections: pre solid, post solid, post dashed
+    assert len(lines) == 3 and sum(c.get_linestyle()[0][1] is not None for c in lines) == 1
+    assert all(len(s) <= P.MAX_POINTS // 3 + 3 for s in segments)
+    assert sorted(float(s[:, 1].max()) for s in segments) == [50.0] * len(runs)  # the spike survives thinning
+    points = {m: sum(len(ln.get_xdata()) for ln in ax.get_lines() if ln.get_marker() == m) for m in "^X"}
+    assert points == {"^": len(runs), "X": 1}
+    assert ax.get_yscale() == "log" and ax.get_ylim()[1] > 50.0 and ax.get_xlim()[1] >= steps
+
+
+def test_png_is_the_savefig_image(tmp_path):
+    """_png encodes the pixels savefig would (RGB when opaque, RGBA when not), just faster."""
+    import io
+
+    from PIL import Image
+
+    from analysis import plots as P
+
+    for transparent in (False, True):
+        fig, axes = P._panels(2, ["a", "b"], 1)
+        axes[0].plot([0, 1], [1, 2], label="x")
+        axes[1].set_yscale("log")
+        axes[1].plot([1, 10], [1, 100])
+        P._legend(fig, ["a", "b"], [])
+        if transparent:
+            fig.patch.set_alpha(0.0)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=P.DPI)
+        want = Image.open(buf)
+        got = Image.open(io.BytesIO(P._png(fig)))
+        assert got.mode == ("RGBA" if transparent else "RGB") and got.size == want.size
+        assert np.array_equal(np.asarray(got), np.asarray(want.convert(got.mode)))
+
+
+def test_log_axes_build_only_the_ticks_they_draw(monkeypatch):
+    """_InView drops a log locator's locations outside the view before matplotlib builds ticks for them: the
+    same image, from fewer tick objects."""
+    import io
+
+    from PIL import Image
+
+    from analysis import plots as P
+
+    def draw() -> tuple[np.ndarray, int]:
+        fig, (ax,) = P._panels(1, ["a"], 0)
+        ax.plot([1, 5000], [0.45, 12.0])
+        ax.set_yscale("log")
+        P._plain_log_ticks(ax)
+        ax.set_xscale("log")
+        P._log_ticks_in_view(ax.xaxis)
+        png = P._png(fig)
+        ticks = sum(len(a.get_major_ticks()) + len(a.get_minor_ticks()) for a in (ax.xaxis, ax.yaxis))
+        return np.asarray(Image.open(io.BytesIO(png))), ticks
+
+    image, ticks = draw()
+    monkeypatch.setattr(P, "_log_ticks_in_view", lambda axis: None)
+    want, all_ticks = draw()
+    assert np.array_equal(image, want) and ticks < 0.8 * all_ticks
+
+
+def test_pinned_titles_are_where_matplotlib_places_them(monkeypatch):
+    """_style pins a panel's title at the top, where matplotlib's placement puts it too, except over an
+    offset text, which is left to matplotlib: the same image either way."""
+    import io
+
+    from PIL import Image
+
+    from analysis import plots as P
+
+    def draw(ys: list[float]) -> tuple[np.ndarray, str]:
+        fig, (ax,) = P._panels(1, ["a"], 0)
+        ax.plot([0, 1], ys)
+        P._style(ax, "model.d_model=64, norm.name=layernorm, norm.placement=post", "step", "loss")
+        offset = P._offset_text(ax.yaxis)
+        return np.asarray(Image.open(io.BytesIO(P._png(fig)))), offset
+
+    pinned = {}
+    for case, ys in {"plain": [3.0, 3.5], "offset": [1000.001, 1000.003]}.items():
+        pinned[case] = draw(ys)
+        with monkeypatch.context() as m:  # never pinned: matplotlib places every title
+            m.setattr(P, "_offset_text", lambda axis: "x")
+            placed, _ = draw(ys)
+        assert np.array_equal(pinned[case][0], placed), case
+    assert pinned["plain"][1] == "" and pinned["offset"][1] != ""
+
+
+def test_mean_band_over_the_steps_every_run_logged():
+    from analysis import plots as P
+
+    a = pd.Series([1.0, 2.0, 3.0], index=[0, 10, 20])
+    steps, mean, low, high = P._mean_band([a, pd.Series([3.0, 4.0, 7.0], index=[0, 10, 20])])
+    assert list(steps) == [0, 10, 20] and list(mean) == [2.0, 3.0, 5.0] and list(high) == [3.0, 4.0, 7.0]
+    steps, mean, low, high = P._mean_band([a, pd.Series([3.0, math.inf, 5.0], index=[0, 10, 20])])
+    assert list(steps) == [0, 20] and list(mean) == [2.0, 4.0] and list(low) == [1.0, 3.0]
+    assert P._mean_band([a, pd.Series([1.0], index=[5])]) is None and P._mean_band([]) is None
+
+
+def test_fork_map_freezes_inherited_objects_only_while_it_maps():
+    import gc
+    import threading
+
+    from analysis.parallel import fork_map
+
+    before = gc.get_freeze_count()
+    forks = sys.platform == "linux" and threading.active_count() == 1  # else fork_map maps in this process
+    got = fork_map(lambda x: (2 * x, gc.get_freeze_count() > 0), [1, 2, 3], workers=2)
+    assert [g[0] for g in got] == [2, 4, 6] and all(g[1] for g in got) == (forks or before > 0)
+    assert gc.get_freeze_count() == before
+    gc.freeze()  # the caller's own freeze is left as it is
+    try:
+        frozen = gc.get_freeze_count()
+        assert fork_map(lambda x: x, [1, 2], workers=2) == [1, 2] and gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
 # --- readers --------------------------------------------------------------------------------------------
 def test_fast_metrics_reader_matches_careful_reader(tmp_path):
     rows = metrics_rows("post", 1e-1, 1, None)  # diverged: NaN and Infinity
@@ -307,6 +451,79 @@ def test_fast_metrics_reader_matches_careful_reader(tmp_path):
     (tmp_path / "m.jsonl").write_text(text)
     kept, _ = L.read_metrics(tmp_path / "m.jsonl", "r", [], keep=lambda c: c == M.TRAIN_LOSS)
     assert list(kept.columns) == [M.TRAIN_LOSS] and kept.attrs[L.NONFINITE_STEP] == DIVERGE_AT
+
+
+def _read_both_ways(path: Path, keep, need_base: bool, monkeypatch) -> dict:
+    """_read_history as it is, and with msgspec's typed reader switched off (pyarrow, else the careful one)."""
+    out = {}
+    for way in ("typed", "arrow"):
+        with monkeypatch.context() as m:
+            if way == "arrow":
+                m.setattr(L, "_decode_typed", lambda *a, **kw: None)
+            problems: list[str] = []
+            full, kept, extras = L._read_history(path, "r", problems, keep, need_base)
+            out[way] = (full, kept, extras, problems)
+    return out
+
+
+def test_typed_reader_gives_what_pyarrow_gives_and_declines_what_it_cannot_read(tmp_path, monkeypatch):
+    """msgspec's typed rows are a faster route to the same history: same frames, attrs, run-level values and
+    problems as before, on clean files and damaged ones (what msgspec rejects goes on to pyarrow, then to
+    the careful reader, as before)."""
+    pytest.importorskip("msgspec")
+    clean = [json.dumps(r) for r in metrics_rows("pre", 1e-2, 0, 2.5)]
+    resumed = [*clean[:6], json.dumps({M.STEP: 3, M.TRAIN_LOSS: 99.0, M.GRAD_NORM: None}), *clean[6:]]
+    resumed[8] = resumed[8].replace(f'"{M.STEP}": 7,', f'"{M.STEP}": 7, "{M.LOGITS_MAX_ABS}": 4,')  # an int
+    diverged = [json.dumps(r) for r in metrics_rows("post", 1e-1, 1, None)]  # NaN and Infinity
+    huge_tps = f'{{"{M.STEP}": 5, "{M.TOKENS_PER_SEC}": 1e999}}'
+    variants = {
+        "clean": (clean, True),
+        "resumed, null, int": (resumed, True),
+        "truncated last line": ([*clean, '{"step": 99, "train/lo'], True),
+        "diverged": (diverged, False),
+        "out of range": ([*clean[:5], f'{{"{M.STEP}": 5, "{M.TRAIN_LOSS}": 1e999}}', *clean[6:]], False),
+        "blank line": ([*clean[:5], "", *clean[5:]], True),
+        "two rows on a line": ([*clean[:5], clean[5] + " " + clean[6], *clean[7:]], True),
+        "text value": ([*clean[:5], f'{{"{M.STEP}": 5, "{M.TRAIN_LOSS}": "oops"}}', *clean[6:]], False),
+        "duplicate key": ([*clean[:5], f'{{"{M.STEP}": 5, "{M.TRAIN_LOSS}": 1, "{M.TRAIN_LOSS}": 2}}'], True),
+        "no step": ([*clean[:5], f'{{"{M.TRAIN_LOSS}": 1.0}}', *clean[6:]], True),
+        # beyond a double's range in a column not read: pyarrow rejects the whole file (the careful reader
+        # then reads it), msgspec skips the value
+        "out of range, unread": ([*clean[:5], huge_tps, *clean[6:]], "no base"),
+    }
+    # True/False: msgspec reads the file or declines it; "no base": reads it unless the base columns are read
+    typed_used: list = []
+    real = L._decode_typed
+
+    def spy(*args, **kwargs):
+        typed_used.append(real(*args, **kwargs))
+        return typed_used[-1]
+
+    monkeypatch.setattr(L, "_decode_typed", spy)
+    keeps = {"report": lambda c: c in (M.TRAIN_LOSS, M.GRAD_NORM, M.LOGITS_MAX_ABS, L.MAX_ATTN_LOGIT_ALL),
+             "val only": lambda c: c == M.VAL_LOSS}  # fmt: skip
+    for i, (name, (lines, rule)) in enumerate(variants.items()):
+        path = tmp_path / f"{i}.jsonl"
+        path.write_text("\n".join(lines) + ("" if name == "truncated last line" else "\n"))
+        for keep_name, keep in keeps.items():
+            for need_base in (False, True):
+                typed_used.clear()
+                got = _read_both_ways(path, keep, need_base, monkeypatch)
+                where = (name, keep_name, need_base)
+                read_typed = bool(typed_used) and typed_used[0] is not None  # NaN in the last rows: not tried
+                assert read_typed == (not need_base if rule == "no base" else rule), where
+                (full_t, kept_t, *rest_t), (full_a, kept_a, *rest_a) = got.values()  # rest: extras, problems
+                pd.testing.assert_frame_equal(kept_t, kept_a, check_exact=True, obj=str(where))
+                assert kept_t.attrs == kept_a.attrs and rest_t == rest_a, where
+                if need_base:  # the whole frame, for runs without a summary: what it is used for is the same
+                    summaries = [pd.Series(L.summarize_history(f), dtype=float) for f in (full_t, full_a)]
+                    pd.testing.assert_series_equal(*summaries, check_exact=True, obj=str(where))
+    # the clean file as msgspec reads it is the careful reader's too
+    typed_used.clear()
+    got = L._read_history(tmp_path / "0.jsonl", "r", [], keeps["report"], True)[0]
+    want = L._read_metrics_lines("\n".join(clean), "r", [])
+    assert typed_used[0] is not None and len(got.columns) == 10
+    pd.testing.assert_frame_equal(got, want[list(got.columns)], check_exact=True)
 
 
 def test_fast_yaml_matches_omegaconf():
