@@ -14,7 +14,8 @@ Candidates, interleaved round by round (see bench/_util.py): lm-ablate eager, tr
 unless --no-compile: "lm-ablate compiled" = what ``train.compile`` runs (model and cross-entropy compiled
 as one function; the optimizer step stays eager), "lm-ablate compiled model only" and "transformers
 compiled" (``torch.compile`` of the model, default inductor backend; the loss eager: the same scope on both
-sides), plus a 1024^3 fp32 matmul probe each round, the peak MFU is measured against. Cold compile time (first step minus a warm step, with a fresh inductor cache unless
+sides; every compiled candidate runs with ``lm_ablate.perf.compile_step``'s inductor setting, dropout masks
+from torch's RNG ops), plus a 1024^3 fp32 matmul probe each round, the peak MFU is measured against. Cold compile time (first step minus a warm step, with a fresh inductor cache unless
 --warm-cache) is reported separately.
 
 MFU = model_cost FLOPs/token (PaLM appendix B) x tokens/s / the matmul peak of the same round.
@@ -116,7 +117,9 @@ class LossStepper(Stepper):
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
         super().__init__(module, None, optimizer, x, y)
-        self.loss = torch.compile(loss)
+        from lm_ablate.perf import compile_step
+
+        self.loss = compile_step(loss)
 
     def step(self) -> None:
         self.opt.zero_grad(set_to_none=True)

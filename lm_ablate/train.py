@@ -32,7 +32,7 @@ from lm_ablate.model import TransformerLM, model_cost
 from lm_ablate.optim import build_schedule
 from lm_ablate.registry import OPTIMIZERS, REGULARIZERS, TRACKERS
 from lm_ablate.distributed import init_distributed
-from lm_ablate.perf import measured_peak_flops, peak_memory_mb
+from lm_ablate.perf import compile_step, measured_peak_flops, peak_memory_mb
 from lm_ablate.probes import NO_PROBE, StepProbe
 from lm_ablate.tracking import LocalRecord, RunInfo, Tracker, Trackers, atomic_write_text
 
@@ -269,7 +269,7 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None, on_acce
         return logits, *regularizer.loss(logits, ym)
 
     if t.compile:
-        forward_loss = torch.compile(forward_loss)
+        forward_loss = compile_step(forward_loss)
 
     tracker = Trackers(LocalRecord(run_dir), TRACKERS.build(cfg.tracking)) if dist_env.main else Tracker()
     info = RunInfo(run_dir, summary[M.RUN_NAME], cfg.study, run_tags(cfg), config, resume_id=summary.get("wandb_id"))
