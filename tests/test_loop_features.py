@@ -113,6 +113,8 @@ def test_step_probe_observes_the_training_forward(overrides, side_pass):
         torch.testing.assert_close(logits, want, rtol=0, atol=0)
         torch.nn.functional.cross_entropy(logits.view(-1, 64), xm.view(-1)).backward()
     probe.after_backward()
+    names = (M.RESIDUAL_RMS, M.MAX_ATTN_LOGIT, M.GRAD_NORM_LAYER, M.PARAM_NORM)
+    assert all(M.layer_metric(i, n) in probe.stats for i in range(len(model.blocks)) for n in names)
     assert probe.stats == pytest.approx(expected | grad_stats(model), rel=1e-6)
     assert all(b.attn.qk_observer is None for b in model.blocks) and not model.blocks[0]._forward_hooks
 
