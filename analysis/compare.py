@@ -332,9 +332,7 @@ def compare_to_baseline(arm: list[Run], base: list[Run]) -> dict[str, Any]:
         if n >= 2:
             return {"delta_final_val_loss": delta, "delta_ci_low": low, "delta_ci_high": high,
                     "p_value": p, "test": TEST_PAIRED, "n_pairs": n}  # fmt: skip
-    delta, low, high, p = welch(
-        [_num(r[M.FINAL_VAL_LOSS]) for r in arm], [_num(r[M.FINAL_VAL_LOSS]) for r in base]
-    )
+    delta, low, high, p = welch([_num(r[M.FINAL_VAL_LOSS]) for r in arm], [_num(r[M.FINAL_VAL_LOSS]) for r in base])
     return {"delta_final_val_loss": delta, "delta_ci_low": low, "delta_ci_high": high, "p_value": p,
             "test": TEST_WELCH if math.isfinite(p) else "", "n_pairs": 0}  # fmt: skip
 
@@ -364,9 +362,7 @@ def _arm_row(
     }
     for metric in AGGREGATED:
         mean, low, high, n = mean_ci([_num(r[metric]) for r in done])
-        row.update(
-            {f"{metric}_mean": mean, f"{metric}_ci_low": low, f"{metric}_ci_high": high, f"{metric}_n": n}
-        )
+        row.update({f"{metric}_mean": mean, f"{metric}_ci_low": low, f"{metric}_ci_high": high, f"{metric}_n": n})
     for metric in (M.PARAMS_TOTAL, M.PARAMS_NON_EMBEDDING):  # same model in every seed: any run says
         vals = [v for v in (_num(r[metric]) for r in runs) if math.isfinite(v)]
         row[metric] = float(np.median(vals)) if vals else math.nan
@@ -374,9 +370,7 @@ def _arm_row(
     row["grad_norm_spikes_per_1k_steps"] = spike_rate(ended, M.GRAD_NORM_SPIKES)
     row["loss_spikes_per_1k_steps"] = spike_rate(ended, M.LOSS_SPIKES)
     row["divergence_rate"] = len(diverged) / len(runs) if runs else math.nan
-    test: dict[str, Any] = dict.fromkeys(
-        ("delta_final_val_loss", "delta_ci_low", "delta_ci_high", "p_value"), math.nan
-    )
+    test: dict[str, Any] = dict.fromkeys(("delta_final_val_loss", "delta_ci_low", "delta_ci_high", "p_value"), math.nan)
     test.update(test="", n_pairs=0)
     ratio = math.nan
     if base is not None and not is_baseline:

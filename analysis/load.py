@@ -241,9 +241,7 @@ def _read_metrics_lines(text: str, run_id: str, problems: list[str]) -> pd.DataF
 
 def _note_bad_lines(bad: list[int], n_lines: int, run_id: str, problems: list[str]) -> None:
     if bad:
-        where = (
-            "its last line (truncated write)" if bad == [n_lines] else f"{len(bad)} line(s): {_ranges(bad)}"
-        )
+        where = "its last line (truncated write)" if bad == [n_lines] else f"{len(bad)} line(s): {_ranges(bad)}"
         problems.append(f"{run_id}: {M.METRICS_FILE}: skipped {where}, unreadable")
 
 
@@ -586,9 +584,7 @@ def read_config(run_dir: Path, run_id: str, problems: list[str]) -> tuple[dict[s
     if hydra.is_file():
         cfg = _load_yaml(hydra, must_resolve=True)
         if cfg is not None:
-            problems.append(
-                f"{run_id}: config taken from .hydra/{M.CONFIG_FILE} (no readable {M.CONFIG_FILE})"
-            )
+            problems.append(f"{run_id}: config taken from .hydra/{M.CONFIG_FILE} (no readable {M.CONFIG_FILE})")
             return flatten(cfg), corrupt
     if not corrupt:
         problems.append(f"{run_id}: no {M.CONFIG_FILE}; run left out of comparisons")
@@ -650,7 +646,7 @@ def _load_yaml(path: Path, must_resolve: bool = False) -> dict[str, Any] | None:
         with path.open("rb") as f:
             fast = yaml.load(f, Loader=_FastYamlLoader)  # a SafeLoader subclass
         fast = {} if fast is None else fast  # an empty file: OmegaConf reads an empty config
-    except Exception:  # noqa: BLE001 - OmegaConf below decides what is readable
+    except Exception:
         fast = None
     if isinstance(fast, dict) and not _has_interpolation(fast):
         return fast
@@ -662,12 +658,12 @@ def _load_yaml(path: Path, must_resolve: bool = False) -> dict[str, Any] | None:
             return None
         try:
             out = OmegaConf.to_container(node, resolve=True)
-        except Exception:  # noqa: BLE001 - any resolver/interpolation error means "cannot resolve here"
+        except Exception:
             if must_resolve:
                 return None
             out = OmegaConf.to_container(node, resolve=False)
         return out if isinstance(out, dict) else None
-    except Exception:  # noqa: BLE001 - YAML, OmegaConf and decode errors all mean "unreadable"
+    except Exception:
         return None
 
 
@@ -681,9 +677,7 @@ def read_summary(path: Path, run_id: str, problems: list[str]) -> tuple[dict[str
         if not isinstance(data, dict):
             raise TypeError("not a JSON object")
     except (OSError, ValueError, TypeError) as exc:
-        problems.append(
-            f"{run_id}: {M.SUMMARY_FILE} is unreadable ({one_line(exc)}); status {STATUS_CORRUPT}"
-        )
+        problems.append(f"{run_id}: {M.SUMMARY_FILE} is unreadable ({one_line(exc)}); status {STATUS_CORRUPT}")
         return None, STATUS_CORRUPT
     status = data.get(M.STATUS)
     if status not in M.STATUSES:
@@ -698,7 +692,7 @@ def one_line(exc: BaseException) -> str:
 
 def summary_values(summary: dict[str, Any] | None, hist: pd.DataFrame, name: str) -> dict[str, Any]:
     """SUMMARY_KEYS for one run: the summary's where it has them, else recomputed from the history."""
-    values: dict[str, Any] = {k: math.nan for k in SUMMARY_KEYS}
+    values: dict[str, Any] = dict.fromkeys(SUMMARY_KEYS, math.nan)
     values[M.RUN_NAME] = name
     values[M.ERROR] = None
     values[M.STOP_REASON] = None

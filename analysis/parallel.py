@@ -48,13 +48,7 @@ def fork_map(fn: Callable[[T], R], items: Sequence[T], workers: int = 1) -> list
     killer), the map is redone in this process rather than losing the report.
     """
     global _TASK
-    if (
-        workers <= 1
-        or len(items) < 2
-        or sys.platform != "linux"
-        or _TASK is not None
-        or threading.active_count() > 1
-    ):
+    if workers <= 1 or len(items) < 2 or sys.platform != "linux" or _TASK is not None or threading.active_count() > 1:
         return [fn(x) for x in items]
     _TASK = (fn, items)
     # Objects the children inherit (a loaded RunSet: hundreds of thousands) are moved out of the collector's

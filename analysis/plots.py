@@ -106,9 +106,7 @@ def _run_arrays(rs: RunSet, run_id: str, metric: str) -> tuple[np.ndarray, np.nd
     return hist.index.to_numpy(), hist[metric].to_numpy(dtype=float)
 
 
-def _thin(
-    x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS, peaks: bool = False
-) -> tuple[np.ndarray, np.ndarray]:
+def _thin(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS, peaks: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """At most about ``limit`` points of a line, the last one kept: every k-th point, or with ``peaks`` the
     highest of every k (so a one-step spike still shows)."""
     if len(x) <= limit:
@@ -209,9 +207,7 @@ def _members(comp: Comparison) -> dict[tuple[str, str], list[str]]:
 
 def _not_completed_note(rs: RunSet, comp: Comparison, contexts: list[str], averaged: bool = True) -> str:
     status = _statuses(rs)
-    runs = [
-        r for r, (ctx, _) in comp.assignment.items() if ctx in contexts and status[r] != M.STATUS_COMPLETED
-    ]
+    runs = [r for r, (ctx, _) in comp.assignment.items() if ctx in contexts and status[r] != M.STATUS_COMPLETED]
     if not runs:
         return ""
     shown = ", ".join(f"{r} ({comp.assignment[r][1]}, {status[r]})" for r in runs[:8])
@@ -683,9 +679,7 @@ def _lr_layout(sweep: LRSweep) -> tuple[str | None, list[tuple[str, list[str]]]]
     if not sweep.others:
         return None, [("", list(sweep.contexts))]
     if not fitting:
-        chunks = [
-            sweep.contexts[i : i + LINES_PER_PANEL] for i in range(0, len(sweep.contexts), LINES_PER_PANEL)
-        ]
+        chunks = [sweep.contexts[i : i + LINES_PER_PANEL] for i in range(0, len(sweep.contexts), LINES_PER_PANEL)]
         return None, [("", c) for c in chunks]
     line_axis = max(fitting, key=lambda a: (counts[a], -sweep.others.index(a)))
     panels: dict[str, list[str]] = {}
@@ -733,14 +727,10 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
                     mean = sel[f"{final}_mean"].to_numpy(dtype=float)
                     err = np.vstack([mean - sel[f"{final}_ci_low"], sel[f"{final}_ci_high"] - mean])
                     err = np.where(np.isfinite(err), err, 0.0)
-                    ax.errorbar(
-                        sel["lr"], mean, yerr=err, color=color, marker=marker, ms=4, lw=1.4, capsize=2.5
-                    )
+                    ax.errorbar(sel["lr"], mean, yerr=err, color=color, marker=marker, ms=4, lw=1.4, capsize=2.5)
                 b = best.loc[context]
                 if np.isfinite(b["best_lr"]):
-                    ax.plot(
-                        b["best_lr"], b[f"{final}_mean"], marker="o", ms=12, mfc="none", mec=color, mew=1.5
-                    )
+                    ax.plot(b["best_lr"], b[f"{final}_mean"], marker="o", ms=12, mfc="none", mec=color, mew=1.5)
                 div = pts[pts["n_diverged"] > 0]
                 if len(div):
                     ax.plot(div["lr"], [0.97 - 0.035 * (i % 8)] * len(div), ls="", marker="X", ms=6,
@@ -753,9 +743,7 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
             f" ({page}/{len(shown_pages)})" if len(shown_pages) > 1 else ""
         )
         fig.suptitle(_text(title, 90), fontsize=11)
-        colour = (
-            f"; colour: {line_axis}, one panel per value of the rest" if line_axis and len(panels) > 1 else ""
-        )
+        colour = f"; colour: {line_axis}, one panel per value of the rest" if line_axis and len(panels) > 1 else ""
         omitted = len(shown_pages) < len(pages) and page == len(shown_pages)
         caption = (
             f"Final validation loss against {sweep.axis.name} (log scale), one line per arm (the values "

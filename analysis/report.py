@@ -184,7 +184,8 @@ def _summary_blocks(rs: RunSet, cs: ComparisonSet) -> list[Block]:
         parts = [f"they come from {len(studies)} studies ({', '.join(studies)})"] if len(studies) > 1 else []
         parts += ["also varied but not compared: " + ", ".join(uncompared)] if uncompared else []
         items.append(
-            "Warning: the runs differ in more than the compared axes: " + "; ".join(parts)
+            "Warning: the runs differ in more than the compared axes: "
+            + "; ".join(parts)
             + ". Each comparison holds the other varied keys fixed within a context; nothing is pooled across them."
         )
     items += cs.notes
@@ -325,9 +326,7 @@ def _failed_blocks(rs: RunSet, cs: ComparisonSet) -> list[Block]:
         ]
         for _, r in bad.iterrows()
     ]
-    return out + [
-        Table(["run", "arm config", "status", "diverged at step", "steps", "error"], rows, frozenset({3, 4}))
-    ]
+    return out + [Table(["run", "arm config", "status", "diverged at step", "steps", "error"], rows, frozenset({3, 4}))]
 
 
 def _runs_blocks(rs: RunSet, cs: ComparisonSet) -> list[Block]:
@@ -360,19 +359,14 @@ def _runs_blocks(rs: RunSet, cs: ComparisonSet) -> list[Block]:
     ]
     return [
         Heading(2, "All runs"),
-        Para(
-            "Final and best validation loss as each run recorded them "
-            "(for unfinished runs: the last evaluation)."
-        ),
+        Para("Final and best validation loss as each run recorded them (for unfinished runs: the last evaluation)."),
         Table(headers, rows, frozenset(range(5, 10))),
     ]
 
 
 def _problem_blocks(rs: RunSet) -> list[Block]:
     out: list[Block] = [Heading(2, "Problems")]
-    return out + (
-        [Bullets(list(rs.problems))] if rs.problems else [Para("None: every run record was readable.")]
-    )
+    return out + ([Bullets(list(rs.problems))] if rs.problems else [Para("None: every run record was readable.")])
 
 
 HOW_TO_READ = (
@@ -620,9 +614,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Compare lm-ablate runs: tables with 95%% CIs, curves, and a self-contained HTML report.",
     )
     parser.add_argument("paths", nargs="*", help="run directories, multirun roots, or folders holding them")
-    parser.add_argument(
-        "--out", required=True, help="directory to write report.html, report.md and CSVs into"
-    )
+    parser.add_argument("--out", required=True, help="directory to write report.html, report.md and CSVs into")
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also (or only) report on this W&B project")
     parser.add_argument("--group", help="with --wandb: only the runs of this W&B group")
     parser.add_argument("--offline", action="store_true",
@@ -630,9 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--by", action="append", metavar="KEY", help="config key to compare (repeatable)")
     parser.add_argument("--baseline", metavar="KEY=VALUE", help="baseline arm, e.g. norm.name=layernorm")
     parser.add_argument("--title", help="report title (default: from the study name)")
-    parser.add_argument(
-        "--workers", type=int, help="processes for loading and drawing (default: CPUs, max 8)"
-    )
+    parser.add_argument("--workers", type=int, help="processes for loading and drawing (default: CPUs, max 8)")
     args = parser.parse_args(argv)
     try:
         path = build_report(

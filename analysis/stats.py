@@ -47,9 +47,7 @@ def mean_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, f
     return mean, mean - half, mean + half, n
 
 
-def welch(
-    a: Iterable[float], b: Iterable[float], confidence: float = 0.95
-) -> tuple[float, float, float, float]:
+def welch(a: Iterable[float], b: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float, float]:
     """(mean(a) - mean(b), ci_low, ci_high, two-sided p) by Welch's unequal-variance t-test.
 
     The interval is delta ± t_{(1+c)/2, ν} · sqrt(s_a²/n_a + s_b²/n_b) with the Welch–Satterthwaite
@@ -75,9 +73,7 @@ def welch(
     return delta, delta - half, delta + half, float(res.pvalue)
 
 
-def paired(
-    a: Iterable[float], b: Iterable[float], confidence: float = 0.95
-) -> tuple[float, float, float, float, int]:
+def paired(a: Iterable[float], b: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float, float, int]:
     """(mean(a_i - b_i), ci_low, ci_high, two-sided p, n pairs) by the paired t-test.
 
     ``a`` and ``b`` are aligned (the i-th of each comes from the same seed); a pair with a non-finite value

@@ -37,9 +37,7 @@ def _parse_project(spec: str) -> tuple[str, str]:
     return entity, project
 
 
-def workspace_spec(
-    project: str, by: Sequence[str], group: str | None = None, name: str | None = None
-) -> dict:
+def workspace_spec(project: str, by: Sequence[str], group: str | None = None, name: str | None = None) -> dict:
     """The workspace as plain data: ``{"entity", "project", "name", "group", "keys", "sections": [{"name",
     "groupby", "panels": [{"title", "metric", "groupby", "log_y"}]}]}``: a section per key."""
     entity, proj = _parse_project(project)
@@ -48,10 +46,7 @@ def workspace_spec(
         raise ValueError("give at least one --by config key, e.g. --by norm.placement")
 
     def section(key: str) -> dict[str, Any]:
-        panels = [
-            {"title": f"{m} by {key}", "metric": m, "groupby": key, "log_y": m in LOG_Y}
-            for m in PANEL_METRICS
-        ]
+        panels = [{"title": f"{m} by {key}", "metric": m, "groupby": key, "log_y": m in LOG_Y} for m in PANEL_METRICS]
         return {"name": f"by {key}", "groupby": key, "panels": panels}
 
     sections = [section(key) for key in keys]
@@ -130,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         workspace.save()
-    except Exception as exc:  # noqa: BLE001 - auth, network and API errors: one line, not a traceback
+    except Exception as exc:
         print(f"error: saving the workspace failed: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
         return 1
     print(workspace.url)

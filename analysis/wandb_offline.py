@@ -65,9 +65,7 @@ def iter_records(path: str | Path) -> Iterator[pb.Record]:
                 if end > len(block):
                     if len(block) < _BLOCK_SIZE and end <= _BLOCK_SIZE:
                         return  # last chunk cut off by end of file
-                    raise ValueError(
-                        f"{path}: corrupt chunk at offset {offset}: length {length} overflows its block"
-                    )
+                    raise ValueError(f"{path}: corrupt chunk at offset {offset}: length {length} overflows its block")
                 if zlib.crc32(block[pos + _CHUNK_HEADER.size - 1 : end]) != crc:
                     raise ValueError(f"{path}: checksum mismatch in chunk at offset {offset}")
                 data = block[pos + _CHUNK_HEADER.size : end]

@@ -105,9 +105,7 @@ def history_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
             if value is not None:
                 values[key] = value
         out.append(values)
-        if nonfinite is None and any(
-            k in values and not math.isfinite(values[k]) for k in (M.TRAIN_LOSS, M.GRAD_NORM)
-        ):
+        if nonfinite is None and any(k in values and not math.isfinite(values[k]) for k in (M.TRAIN_LOSS, M.GRAD_NORM)):
             nonfinite = int(step)
     if not out:
         df = pd.DataFrame(index=pd.Index([], name=M.STEP, dtype=int))
@@ -177,7 +175,7 @@ def fetch(
     for run in listing:
         try:
             rows.append(_fetch_run(run, cache, old, notes))
-        except Exception as exc:  # noqa: BLE001 - one malformed run must not lose the others
+        except Exception as exc:
             notes.append(f"{getattr(run, 'id', '?')}: W&B run not read ({one_line(exc)}); left out")
     fetched = pd.DataFrame(rows, columns=["run_id", "name", "group", "state", "url", "version", "config_json",
                                           "summary_json"])  # fmt: skip
@@ -204,13 +202,11 @@ def _fetch_run(run: Any, cache: Path, old: dict[str, dict[str, Any]], notes: lis
     row["version"] = _version(row)
     history_file = cache / HISTORY_DIR / f"{_safe(row['run_id'])}.parquet"
     prior = old.get(row["run_id"])
-    fresh = (
-        prior and prior["version"] == row["version"] and row["state"] != "running" and history_file.is_file()
-    )
+    fresh = prior and prior["version"] == row["version"] and row["state"] != "running" and history_file.is_file()
     if not fresh:
         try:
             hist = history_frame(_history_rows(run))
-        except Exception as exc:  # noqa: BLE001 - a failed download leaves this run without history
+        except Exception as exc:
             notes.append(f"{row['run_id']}: W&B history not downloaded ({one_line(exc)}); history empty")
             hist = history_frame([])
             row["version"] = ""  # fetch again next time
@@ -299,7 +295,7 @@ def records_from_cache(
         path = cache / HISTORY_DIR / f"{_safe(run_id)}.parquet"
         try:
             hist = _read_history(path, keep)
-        except Exception as exc:  # noqa: BLE001 - a missing or damaged file is one run's problem
+        except Exception as exc:
             problems.append(f"{run_id}: cached W&B history unreadable ({one_line(exc)}); history empty")
             hist = history_frame([])
         extras = frame_extras(hist)
@@ -308,18 +304,14 @@ def records_from_cache(
             values = summary_values(ours, hist, str(row["name"]))
         else:  # some other writer: recompute from the history, with W&B's step count and runtime
             values = summary_values(None, hist, str(row["name"]))
-            values.update(
-                {k: float(summary[w]) for k, w in W_SUMMARY.items() if _number(summary.get(w)) is not None}
-            )
+            values.update({k: float(summary[w]) for k, w in W_SUMMARY.items() if _number(summary.get(w)) is not None})
         values[M.RUN_NAME] = ours.get(M.RUN_NAME) or row["name"]
         values[M.GROUP] = ours.get(M.GROUP) or row["group"] or None
         status = _status(summary, str(row["state"]))
         location = row.get("url") or f"wandb:{entity}/{project}/{run_id}"
         flat = flatten(config) if config else None
         kept = finish_history(hist, keep)
-        records.append(
-            RunRecord(run_id, location, str(row["name"]), status, values, flat, kept, extras, problems)
-        )
+        records.append(RunRecord(run_id, location, str(row["name"]), status, values, flat, kept, extras, problems))
     return records
 
 
@@ -349,11 +341,11 @@ def load_wandb(
             table, problems = fetch(entity, name, cache, group, api)
         except AnalysisError:
             raise
-        except Exception as exc:  # noqa: BLE001 - network, auth, API errors: use the cache if there is one
+        except Exception as exc:
             if not (cache / RUNS_FILE).is_file():
                 raise AnalysisError(
                     f"W&B fetch of {project} failed ({one_line(exc)}) and no cache at {cache}"
-                )
+                ) from None
             problems.append(f"W&B fetch of {project} failed ({one_line(exc)}); report built from the cache")
             table = _read_runs_table(cache)
     records = records_from_cache(cache, table, entity, name, group, keep)

@@ -71,8 +71,11 @@ def warn_if_loaded() -> None:
 
     threads, cpus, load = torch.get_num_threads(), os.cpu_count() or 1, os.getloadavg()[0]
     if threads > 1 and load > 1.25 * cpus:  # this benchmark itself keeps about `threads` cores busy
-        print(f"   WARNING: load average {load:.1f} on {cpus} CPUs with {threads} threads per op: timings include waits "
-              "for descheduled threads; see bench/README.md (--threads 1 gives load-robust ratios)", flush=True)
+        print(
+            f"   WARNING: load average {load:.1f} on {cpus} CPUs with {threads} threads per op: timings include waits "
+            "for descheduled threads; see bench/README.md (--threads 1 gives load-robust ratios)",
+            flush=True,
+        )
 
 
 def median(values: Iterable[float]) -> float:
@@ -110,14 +113,16 @@ def ratios(a: list[float], b: list[float]) -> list[float]:
 
 
 def load_summary(loads: list[tuple[float, float, float]]) -> str:
-    ones = [l[0] for l in loads]
+    ones = [row[0] for row in loads]
     return f"1-min load average during the rounds: median {median(ones):.2f}, range {min(ones):.2f}-{max(ones):.2f}"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

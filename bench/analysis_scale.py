@@ -65,15 +65,11 @@ def _run(job: tuple[Path, dict, int, int, int]) -> None:
     run_dir.mkdir(parents=True)
     (run_dir / M.CONFIG_FILE).write_text(_config(arm, seed, steps))
     lr, width = arm["optim.lr"], arm["model.d_model"]
-    floor = (
-        2.0 + 0.3 * abs(math.log10(lr) + 2.2) + 60 / width + (0.05 if arm["norm.placement"] == "post" else 0)
-    )
+    floor = 2.0 + 0.3 * abs(math.log10(lr) + 2.2) + 60 / width + (0.05 if arm["norm.placement"] == "post" else 0)
     t = np.arange(steps + 1)
     loss = floor + 3.5 * np.exp(-t / (steps / 8)) + 0.03 * rng.standard_normal(steps + 1)
     grad = 0.5 + 0.5 * np.exp(-t / 300) + 0.05 * rng.standard_normal(steps + 1) ** 2
-    diverge_at = (
-        int(rng.integers(steps // 4, steps)) if lr >= 1e-1 and arm["norm.placement"] == "post" else None
-    )
+    diverge_at = int(rng.integers(steps // 4, steps)) if lr >= 1e-1 and arm["norm.placement"] == "post" else None
     running_until = int(steps * 0.6) if index % 97 == 5 else None
     tps = 2e5 * (1.0 if arm["norm.name"] == "rmsnorm" else 0.95) / (width / 256)
     lines = [json.dumps({M.STEP: 0, M.VAL_LOSS: 10.4 + 0.01 * rng.standard_normal(), M.TOKENS: 0})]
@@ -107,9 +103,7 @@ def _run(job: tuple[Path, dict, int, int, int]) -> None:
             row[M.VAL_LOSS] = float(loss[s] + 0.02)
         if s == steps:
             for k in (2, 4, 8):
-                row[f"val/loss@{k}x"] = float(
-                    loss[s] + 0.02 + 0.1 * math.log2(k) * (1.5 if width < 256 else 1)
-                )
+                row[f"val/loss@{k}x"] = float(loss[s] + 0.02 + 0.1 * math.log2(k) * (1.5 if width < 256 else 1))
         lines.append(json.dumps({M.STEP: s, **row}))
         if running_until is not None and s == running_until:
             end = s

@@ -87,13 +87,17 @@ class Step:
 
 def run_shape(name: str, a: argparse.Namespace) -> dict[str, float]:
     shape = SHAPES[name]
-    steps = {v: Step(shape["overrides"] + ov, explicit, shape["batch"], shape["vocab"], a.steps)
-             for v, (ov, explicit) in VARIANTS.items()}
+    steps = {
+        v: Step(shape["overrides"] + ov, explicit, shape["batch"], shape["vocab"], a.steps)
+        for v, (ov, explicit) in VARIANTS.items()
+    }
     base_name = next(iter(VARIANTS))
     base = steps[base_name]
     m = base.model
-    print(f"\n-- shape {name}: d_model {m.embed.weight.shape[1]}, {len(m.blocks)} layers, context {m.context}, "
-          f"batch {shape['batch']}, vocab {shape['vocab']} (load {loadavg()})")
+    print(
+        f"\n-- shape {name}: d_model {m.embed.weight.shape[1]}, {len(m.blocks)} layers, context {m.context}, "
+        f"batch {shape['batch']}, vocab {shape['vocab']} (load {loadavg()})"
+    )
     for s in steps.values():  # warm-up
         s.step()
     figures, loads = interleave(steps, a.rounds)
@@ -102,8 +106,16 @@ def run_shape(name: str, a: argparse.Namespace) -> dict[str, float]:
         r = ratios(figures[base_name], times)
         out[v] = median(r)
         c = steps[v].cost
-        rows.append([v, f"{1e3 * median(times):.0f}", f"{median(r):.3f}", spread(r),
-                     f"{c.params_total / base.cost.params_total:.3f}", f"{c.flops_per_token / base.cost.flops_per_token:.3f}"])
+        rows.append(
+            [
+                v,
+                f"{1e3 * median(times):.0f}",
+                f"{median(r):.3f}",
+                spread(r),
+                f"{c.params_total / base.cost.params_total:.3f}",
+                f"{c.flops_per_token / base.cost.flops_per_token:.3f}",
+            ]
+        )
     print(table(["variant", "ms/step", "x baseline time", "range", "params x", "FLOPs/token x"], rows))
     print(f"   {load_summary(loads)}")
     return out
@@ -116,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--steps", type=int, default=2, help="steps per variant per round")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's, one per core)")
-    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                   help="cpu: this thread's CPU time (needs --threads 1): robust to other load on the machine")
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: this thread's CPU time (needs --threads 1): robust to other load on the machine",
+    )
     a = p.parse_args(argv)
     if a.quick:
         a.shapes, a.rounds, a.steps = "small", 2, 1
@@ -128,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"   {a.rounds} rounds x {a.steps} steps per variant, interleaved; clock: {a.clock}")
     results = {s: run_shape(s, a) for s in a.shapes.split(",")}
     print(f"\n   load average at end: {loadavg()}")
-    parts = [f"{s}: " + ", ".join(f"{v.split(' (')[0]} {r:.2f}" for v, r in res.items() if not v.startswith("baseline"))
-             for s, res in results.items()]
+    parts = [
+        f"{s}: " + ", ".join(f"{v.split(' (')[0]} {r:.2f}" for v, r in res.items() if not v.startswith("baseline"))
+        for s, res in results.items()
+    ]
     print("RESULT components (step time x baseline): " + "; ".join(parts))
     return 0
 

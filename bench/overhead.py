@@ -50,19 +50,29 @@ def one_run(probe_every: int, a: argparse.Namespace, root: Path, i: int) -> dict
     from lm_ablate.config import compose
     from lm_ablate.train import train
 
-    overrides = ["tracking=none", "train.progress=false", f"train.probe_every={probe_every}",
-                 f"train.max_steps={a.steps}", f"data.cache_dir={REPO / '.cache' / 'lm_ablate'}"] + a.overrides
+    overrides = [
+        "tracking=none",
+        "train.progress=false",
+        f"train.probe_every={probe_every}",
+        f"train.max_steps={a.steps}",
+        f"data.cache_dir={REPO / '.cache' / 'lm_ablate'}",
+    ] + a.overrides
     if a.threads:
         overrides.append(f"train.threads={a.threads}")
     run_dir = root / f"run{i}_probe{probe_every}"
     tic = time.perf_counter()
     summary = train(compose(overrides), run_dir)
     wall = time.perf_counter() - tic
-    out = {"tok_s": summary["mean_tokens_per_sec"], "wall": wall,
-           "share": in_run_share(run_dir) if probe_every else None}
+    out = {
+        "tok_s": summary["mean_tokens_per_sec"],
+        "wall": wall,
+        "share": in_run_share(run_dir) if probe_every else None,
+    }
     share = f"  probe steps' extra time {100 * out['share']:.1f}% of step time" if probe_every else ""
-    print(f"   probe_every={probe_every:<2}  {out['tok_s']:.0f} tok/s  wall {wall:.1f} s{share}  (load {loadavg()})",
-          flush=True)
+    print(
+        f"   probe_every={probe_every:<2}  {out['tok_s']:.0f} tok/s  wall {wall:.1f} s{share}  (load {loadavg()})",
+        flush=True,
+    )
     return out
 
 
@@ -78,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.steps, a.repeats, a.overrides = 30, 1, ["model=tiny"] + a.overrides
     header("bench/overhead.py: stability probes on vs off through lm_ablate.train.train()")
-    print(f"   default config + tracking=none {' '.join(a.overrides)}, {a.steps} steps per run, "
-          f"{a.repeats} (on, off) pairs, interleaved")
+    print(
+        f"   default config + tracking=none {' '.join(a.overrides)}, {a.steps} steps per run, "
+        f"{a.repeats} (on, off) pairs, interleaved"
+    )
     import os
 
     root = Path(tempfile.mkdtemp(prefix="lm_ablate_bench_overhead_"))
@@ -99,20 +111,37 @@ def main(argv: list[str] | None = None) -> int:
     wall_ratio = ratios([x["wall"] for x in off], [x["wall"] for x in on])
     share = [x["share"] for x in on]
     rows = [
-        ["mean tokens/s (summary): off / on", f"{median(tok_ratio):.3f}", spread(tok_ratio),
-         f"{100 * (median(tok_ratio) - 1):+.1f}%"],
-        ["train() wall time: on / off", f"{median(wall_ratio):.3f}", spread(wall_ratio), f"{100 * (median(wall_ratio) - 1):+.1f}%"],
-        ["probe steps' extra time / step time (in the probed run)", f"{1 + median(share):.3f}",
-         spread([1 + v for v in share]), f"{100 * median(share):+.1f}%"],
+        [
+            "mean tokens/s (summary): off / on",
+            f"{median(tok_ratio):.3f}",
+            spread(tok_ratio),
+            f"{100 * (median(tok_ratio) - 1):+.1f}%",
+        ],
+        [
+            "train() wall time: on / off",
+            f"{median(wall_ratio):.3f}",
+            spread(wall_ratio),
+            f"{100 * (median(wall_ratio) - 1):+.1f}%",
+        ],
+        [
+            "probe steps' extra time / step time (in the probed run)",
+            f"{1 + median(share):.3f}",
+            spread([1 + v for v in share]),
+            f"{100 * median(share):+.1f}%",
+        ],
     ]
     print()
     print(table(["measure (probes on vs off)", "median ratio", "range", "slower by"], rows))
-    print(f"   tokens/s on: {median([x['tok_s'] for x in on]):.0f} (median), off: {median([x['tok_s'] for x in off]):.0f}")
+    print(
+        f"   tokens/s on: {median([x['tok_s'] for x in on]):.0f} (median), off: {median([x['tok_s'] for x in off]):.0f}"
+    )
     print(f"   {load_summary(loads)}; load average at end: {loadavg()}")
     total = median(tok_ratio) - 1
     verdict = "meets" if total <= TARGET else "MISSES"
-    print(f"RESULT overhead (probe_every={a.probe_every} vs 0): {100 * total:+.1f}% tokens/s -> {verdict} the <= 5% target "
-          f"(in-run probe-step share {100 * median(share):+.1f}%; whole-run wall {100 * (median(wall_ratio) - 1):+.1f}%)")
+    print(
+        f"RESULT overhead (probe_every={a.probe_every} vs 0): {100 * total:+.1f}% tokens/s -> {verdict} the <= 5% target "
+        f"(in-run probe-step share {100 * median(share):+.1f}%; whole-run wall {100 * (median(wall_ratio) - 1):+.1f}%)"
+    )
     return 0
 
 

@@ -112,8 +112,10 @@ class Setup:
         gen = torch.Generator().manual_seed(1)
         self.x = torch.randint(0, vocab, (batch, cfg.model.context), generator=gen)
         self.y = torch.randint(0, vocab, (batch, cfg.model.context), generator=gen)
-        self.label = (f"{' '.join(overrides)}: d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, "
-                      f"context {cfg.model.context}, batch {batch}, vocab {vocab}")
+        self.label = (
+            f"{' '.join(overrides)}: d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, "
+            f"context {cfg.model.context}, batch {batch}, vocab {vocab}"
+        )
 
     def step(self, fused: bool) -> None:
         opt = self.opt[fused]
@@ -172,8 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's, one per core)")
-    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                   help="cpu: this thread's CPU time (needs --threads 1): robust to other load on the machine")
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: this thread's CPU time (needs --threads 1): robust to other load on the machine",
+    )
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -188,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         s = Setup(ov, batch, vocab)
         every = tuple(sorted({pt for patches, _ in candidates.values() for pt in patches}))
         logit_diff, grad_diff = s.check(every)
-        print(f"\n-- {name} ({s.label}); with every patch: logits differ by {logit_diff:.1e}, gradients by {grad_diff:.1e}")
+        print(
+            f"\n-- {name} ({s.label}); with every patch: logits differ by {logit_diff:.1e}, gradients by {grad_diff:.1e}"
+        )
         print("   ratio = candidate's step time / the current code's: > 1 for a 'before' row = the gain of the change")
         cands = {c: s.candidate(a.steps, patches, fused) for c, (patches, fused) in candidates.items()}
         for c in cands.values():
@@ -203,8 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         print(table(["candidate", "ms/step", "time x current", "range"], rows))
         print(f"   {load_summary(loads)}")
     print(f"\n   load average at end: {loadavg()}")
-    print("RESULT proposals (step time x the current code's): " + "; ".join(
-        f"{n}: " + ", ".join(f"{c} {v:.3f}x" for c, v in r.items() if c != "current") for n, r in results.items()))
+    print(
+        "RESULT proposals (step time x the current code's): "
+        + "; ".join(
+            f"{n}: " + ", ".join(f"{c} {v:.3f}x" for c, v in r.items() if c != "current") for n, r in results.items()
+        )
+    )
     return 0
 
 

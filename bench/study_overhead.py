@@ -89,8 +89,13 @@ def as_train(timings_path: str, args: list[str]) -> None:
     from lm_ablate import tracking
 
     TIMINGS.process["imports"] = time.perf_counter() - tic
-    for name, key in (("load_data", "data load"), ("TransformerLM", "model build"), ("measured_peak_flops", "peak FLOP/s probe"),
-                      ("evaluate", "evaluation"), ("get_batch", "batches")):
+    for name, key in (
+        ("load_data", "data load"),
+        ("TransformerLM", "model build"),
+        ("measured_peak_flops", "peak FLOP/s probe"),
+        ("evaluate", "evaluation"),
+        ("get_batch", "batches"),
+    ):
         wrap(loop, name, key)
     wrap(ckpt, "save", "checkpoints")
     for cls, label in ((tracking.WandbTracker, "W&B"), (tracking.LocalRecord, "local run record")):
@@ -128,7 +133,9 @@ def as_study(timings_path: str, args: list[str]) -> int:
     process["imports"] = time.perf_counter() - tic
     child_timings = timings_path + ".train.json"
     plain_command = study.sweep_command
-    study.sweep_command = lambda *a, **k: [sys.executable, __file__, "--as-train", child_timings, "--"] + plain_command(*a, **k)[3:]
+    study.sweep_command = lambda *a, **k: (
+        [sys.executable, __file__, "--as-train", child_timings, "--"] + plain_command(*a, **k)[3:]
+    )
     plain_run = subprocess.run
 
     def timed_run(*a, **k):
@@ -180,8 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     a, overrides = p.parse_known_args(argv)
     overrides = overrides or list(DEFAULT_OVERRIDES)
     if a.quick:
-        overrides = ["seed=0", "norm=layernorm", "norm.placement=pre", "model=tiny", "train.max_steps=20",
-                     "train.eval_every=10", "train.checkpoint_every=10"]
+        overrides = [
+            "seed=0",
+            "norm=layernorm",
+            "norm.placement=pre",
+            "model=tiny",
+            "train.max_steps=20",
+            "train.eval_every=10",
+            "train.checkpoint_every=10",
+        ]
     header("bench/study_overhead.py: study wall time vs summed training-step time")
     tmp = Path(tempfile.mkdtemp(prefix="lm_ablate_bench_study_"))  # timings, and the multirun unless --keep
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
@@ -192,13 +206,17 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, "-m", "lm_ablate.study"] + args
     else:
         cmd = [sys.executable, __file__, "--as-study", timings_path, "--"] + args
-    print(f"   study: python -m lm_ablate.study {' '.join(args)}  (basic launcher{', instrumented' if not a.plain else ''})",
-          flush=True)
+    print(
+        f"   study: python -m lm_ablate.study {' '.join(args)}  (basic launcher{', instrumented' if not a.plain else ''})",
+        flush=True,
+    )
     env = dict(os.environ)
     env[LAUNCH_ENV] = repr(time.time())
     load_start = os.getloadavg()
     t0 = time.time()
-    done = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+    done = subprocess.run(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False
+    )
     t_end = time.time()
     total = t_end - t0
     load_end = os.getloadavg()
@@ -209,19 +227,36 @@ def main(argv: list[str] | None = None) -> int:
     step_s = [s["tokens"] / s["mean_tokens_per_sec"] for s in runs]
     steps = sum(step_s)
     ratio = total / steps
-    print(f"   {len(runs)} runs, {sum(s['steps'] for s in runs)} steps; statuses: {sorted({s['status'] for s in runs})}")
+    print(
+        f"   {len(runs)} runs, {sum(s['steps'] for s in runs)} steps; statuses: {sorted({s['status'] for s in runs})}"
+    )
     print(f"   load average (1 min) at start {load_start[0]:.2f}, at end {load_end[0]:.2f}")
 
-    rows = [["study wall time (outside)", f"{total:.1f}", "100.0%"], ["training steps (summaries)", f"{steps:.1f}",
-                                                                       f"{100 * steps / total:.1f}%"]]
+    rows = [
+        ["study wall time (outside)", f"{total:.1f}", "100.0%"],
+        ["training steps (summaries)", f"{steps:.1f}", f"{100 * steps / total:.1f}%"],
+    ]
     if not a.plain:
         parent = json.loads(Path(timings_path).read_text())
         child = json.loads(Path(timings_path + ".train.json").read_text())
         cp, child_runs = child["process"], child["runs"]
         trains = sum(r["train()"] for r in child_runs)
-        keys = ["data load", "model build", "peak FLOP/s probe", "evaluation", "batches",
-                "checkpoints", "W&B start", "W&B log", "W&B summary", "W&B finish", "local run record start",
-                "local run record log", "local run record summary", "local run record finish"]
+        keys = [
+            "data load",
+            "model build",
+            "peak FLOP/s probe",
+            "evaluation",
+            "batches",
+            "checkpoints",
+            "W&B start",
+            "W&B log",
+            "W&B summary",
+            "W&B finish",
+            "local run record start",
+            "local run record log",
+            "local run record summary",
+            "local run record finish",
+        ]
         inside = {k: sum(r.get(k, 0.0) for r in child_runs) for k in keys}
         counts = {k: sum(r.get(k + "#n", 0) for r in child_runs) for k in keys}
         other_in_train = trains - steps - sum(inside.values())
@@ -245,13 +280,24 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["where the study's wall time goes", "seconds", "share"], rows))
     if not a.plain:
         print(note)
-    per_run = [[Path(s["_dir"]).name, s["run_name"][:48], s["status"], f"{st:.1f}", f"{s['wall_time_s']:.1f}",
-                f"{s['mean_tokens_per_sec']:.0f}"] for s, st in zip(runs, step_s)]
+    per_run = [
+        [
+            Path(s["_dir"]).name,
+            s["run_name"][:48],
+            s["status"],
+            f"{st:.1f}",
+            f"{s['wall_time_s']:.1f}",
+            f"{s['mean_tokens_per_sec']:.0f}",
+        ]
+        for s, st in zip(runs, step_s)
+    ]
     print(table(["run", "name", "status", "step s", "summary wall_time_s", "tokens/s"], per_run))
     verdict = "meets" if ratio <= TARGET else "MISSES"
     print(f"   load average at end: {loadavg()}")
-    print(f"RESULT study_overhead: wall {total:.1f} s / summed step time {steps:.1f} s = {ratio:.2f}x "
-          f"-> {verdict} the <= {TARGET}x target")
+    print(
+        f"RESULT study_overhead: wall {total:.1f} s / summed step time {steps:.1f} s = {ratio:.2f}x "
+        f"-> {verdict} the <= {TARGET}x target"
+    )
     return 0
 
 

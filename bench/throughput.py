@@ -66,17 +66,31 @@ def build_pair(family: str, a: argparse.Namespace):
 
     torch.manual_seed(0)
     if family == "llama":
-        d_ff = 8 * -(-8 * a.d_model // (3 * 8))  # the llama preset's parameter-matched SwiGLU width (8d/3, multiple of 8)
+        d_ff = 8 * -(
+            -8 * a.d_model // (3 * 8)
+        )  # the llama preset's parameter-matched SwiGLU width (8d/3, multiple of 8)
         config = LlamaConfig(
-            hidden_size=a.d_model, num_hidden_layers=a.layers, num_attention_heads=a.heads,
-            num_key_value_heads=max(1, a.heads // 2), intermediate_size=d_ff, vocab_size=a.vocab,
+            hidden_size=a.d_model,
+            num_hidden_layers=a.layers,
+            num_attention_heads=a.heads,
+            num_key_value_heads=max(1, a.heads // 2),
+            intermediate_size=d_ff,
+            vocab_size=a.vocab,
             max_position_embeddings=a.seq,
         )
         hf = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
     else:
         drop = {} if a.dropout is None else {"embd_pdrop": a.dropout, "attn_pdrop": a.dropout, "resid_pdrop": a.dropout}
-        config = GPT2Config(n_embd=a.d_model, n_layer=a.layers, n_head=a.heads, vocab_size=a.vocab, n_positions=a.seq,
-                            bos_token_id=a.vocab - 1, eos_token_id=a.vocab - 1, **drop)
+        config = GPT2Config(
+            n_embd=a.d_model,
+            n_layer=a.layers,
+            n_head=a.heads,
+            vocab_size=a.vocab,
+            n_positions=a.seq,
+            bos_token_id=a.vocab - 1,
+            eos_token_id=a.vocab - 1,
+            **drop,
+        )
         hf = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
     assert hf.config._attn_implementation == "sdpa", hf.config._attn_implementation
     ours, cfg = from_hf(hf.eval())
@@ -154,13 +168,35 @@ CATEGORIES = (  # (category, substrings of aten op names), first match wins
     ("attention kernel (SDPA)", ("scaled_dot_product", "flash_attention")),
     ("loss (log_softmax, nll)", ("log_softmax", "nll_loss")),
     ("norms", ("layer_norm", "rms_norm", "rsqrt", "aten::pow", "aten::mean", "aten::var")),
-    ("copies (cat/copy_/clone/contiguous)", ("aten::cat", "aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy")),
+    (
+        "copies (cat/copy_/clone/contiguous)",
+        ("aten::cat", "aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy"),
+    ),
     ("fills (zero/fill_/empty)", ("aten::fill_", "aten::zero_", "aten::zeros", "aten::empty")),
     ("embedding", ("embedding", "index_select", "index_add", "aten::index")),
     ("reductions (sum)", ("aten::sum",)),
-    ("elementwise", ("aten::mul", "aten::add", "aten::sub", "aten::div", "aten::neg", "aten::silu", "aten::gelu",
-                      "aten::tanh", "aten::sigmoid", "aten::native_dropout", "aten::bernoulli", "aten::cos", "aten::sin",
-                      "aten::where", "aten::masked_fill", "aten::threshold", "_backward")),
+    (
+        "elementwise",
+        (
+            "aten::mul",
+            "aten::add",
+            "aten::sub",
+            "aten::div",
+            "aten::neg",
+            "aten::silu",
+            "aten::gelu",
+            "aten::tanh",
+            "aten::sigmoid",
+            "aten::native_dropout",
+            "aten::bernoulli",
+            "aten::cos",
+            "aten::sin",
+            "aten::where",
+            "aten::masked_fill",
+            "aten::threshold",
+            "_backward",
+        ),
+    ),
 )
 
 
@@ -196,9 +232,19 @@ def profile_report(family: str, ours: Stepper, hf: Stepper) -> None:
     ours_cat, ours_ops, ours_total = op_profile(ours)
     hf_cat, hf_ops, hf_total = op_profile(hf)
     cats = sorted(set(ours_cat) | set(hf_cat), key=lambda c: -ours_cat.get(c, 0))
-    rows = [[c, f"{1e3 * ours_cat.get(c, 0):.0f}", f"{100 * ours_cat.get(c, 0) / ours_total:.0f}%",
-             f"{1e3 * hf_cat.get(c, 0):.0f}", f"{100 * hf_cat.get(c, 0) / hf_total:.0f}%"] for c in cats]
-    rows.append(["total forward+backward (self CPU)", f"{1e3 * ours_total:.0f}", "100%", f"{1e3 * hf_total:.0f}", "100%"])
+    rows = [
+        [
+            c,
+            f"{1e3 * ours_cat.get(c, 0):.0f}",
+            f"{100 * ours_cat.get(c, 0) / ours_total:.0f}%",
+            f"{1e3 * hf_cat.get(c, 0):.0f}",
+            f"{100 * hf_cat.get(c, 0) / hf_total:.0f}%",
+        ]
+        for c in cats
+    ]
+    rows.append(
+        ["total forward+backward (self CPU)", f"{1e3 * ours_total:.0f}", "100%", f"{1e3 * hf_total:.0f}", "100%"]
+    )
     print(table(["op category (fwd+bwd, self CPU/step)", "lm-ablate ms", "share", "transformers ms", "share"], rows))
     top = sorted(ours_ops, key=lambda k: -ours_ops[k])[:12]
     rows = [[op[:60], f"{1e3 * ours_ops[op]:.1f}", f"{1e3 * hf_ops.get(op, 0):.1f}"] for op in top]
@@ -211,10 +257,12 @@ def run_family(family: str, a: argparse.Namespace) -> dict:
 
     flops_per_token = model_cost(ours, cfg).flops_per_token
     n_params = sum(p.numel() for p in ours.parameters())
-    print(f"\n-- {family}: d_model {a.d_model}, {a.layers} layers, {a.heads} heads, vocab {a.vocab}, batch {a.batch} x "
-          f"{a.seq} tokens; {n_params / 1e6:.2f}M params, {flops_per_token / 1e6:.1f} MFLOP/token; "
-          f"eval logits agree to {diff:.1e}; attention={cfg.attention.name}, activation={cfg.activation.name}, "
-          f"dropout (embedding/attention/residual)={'/'.join(str(site_dropout(cfg.regularization, k)) for k in SITES)}")
+    print(
+        f"\n-- {family}: d_model {a.d_model}, {a.layers} layers, {a.heads} heads, vocab {a.vocab}, batch {a.batch} x "
+        f"{a.seq} tokens; {n_params / 1e6:.2f}M params, {flops_per_token / 1e6:.1f} MFLOP/token; "
+        f"eval logits agree to {diff:.1e}; attention={cfg.attention.name}, activation={cfg.activation.name}, "
+        f"dropout (embedding/attention/residual)={'/'.join(str(site_dropout(cfg.regularization, k)) for k in SITES)}"
+    )
     gen = torch.Generator().manual_seed(1)
     x = torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen)
     y = torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen)
@@ -239,27 +287,61 @@ def run_family(family: str, a: argparse.Namespace) -> dict:
         warm[name] = time.perf_counter() - tic
         if "compiled" in name:
             compile_s[name] = first - warm[name]
-            print(f"   {name}: cold compile {compile_s[name]:.1f} s (first step {first:.1f} s, then {warm[name]:.2f} s/step)")
+            print(
+                f"   {name}: cold compile {compile_s[name]:.1f} s (first step {first:.1f} s, then {warm[name]:.2f} s/step)"
+            )
     candidates = {name: (lambda s=s: s.rate(a.steps)) for name, s in steppers.items()}
     candidates["matmul peak GFLOP/s"] = matmul_gflops
     figures, loads = interleave(candidates, a.rounds)
     peaks = figures.pop("matmul peak GFLOP/s")
     base = figures["transformers eager"]
     rows = []
-    result = {"family": family, "compile_s": compile_s, "loads": loads, "peak_best": max(peaks), "peak_median": median(peaks)}
+    result = {
+        "family": family,
+        "compile_s": compile_s,
+        "loads": loads,
+        "peak_best": max(peaks),
+        "peak_median": median(peaks),
+    }
     for name, rates in figures.items():
         mfu = [flops_per_token * r / (p * 1e9) for r, p in zip(rates, peaks)]
         vs_hf = ratios(base, rates)
-        result[name] = {"tok_s": median(rates), "vs_hf_eager": median(vs_hf), "mfu": median(mfu),
-                        "mfu_best_peak": flops_per_token * median(rates) / (max(peaks) * 1e9)}
-        rows.append([name, f"{median(rates):.0f}", spread(rates), f"{median(vs_hf):.3f}", spread(vs_hf),
-                     f"{flops_per_token * median(rates) / 1e9:.1f}", f"{100 * median(mfu):.1f}%",
-                     f"{100 * result[name]['mfu_best_peak']:.1f}%"])
+        result[name] = {
+            "tok_s": median(rates),
+            "vs_hf_eager": median(vs_hf),
+            "mfu": median(mfu),
+            "mfu_best_peak": flops_per_token * median(rates) / (max(peaks) * 1e9),
+        }
+        rows.append(
+            [
+                name,
+                f"{median(rates):.0f}",
+                spread(rates),
+                f"{median(vs_hf):.3f}",
+                spread(vs_hf),
+                f"{flops_per_token * median(rates) / 1e9:.1f}",
+                f"{100 * median(mfu):.1f}%",
+                f"{100 * result[name]['mfu_best_peak']:.1f}%",
+            ]
+        )
     if a.compile:
         vs = ratios(figures["transformers compiled"], figures["lm-ablate compiled model only"])
         result["compiled_vs_compiled"] = median(vs)
-    print(table(["candidate", "tokens/s", "range", "x transformers eager", "range", "model GFLOP/s",
-                 "MFU (round peak)", "MFU (best peak)"], rows))
+    print(
+        table(
+            [
+                "candidate",
+                "tokens/s",
+                "range",
+                "x transformers eager",
+                "range",
+                "model GFLOP/s",
+                "MFU (round peak)",
+                "MFU (best peak)",
+            ],
+            rows,
+        )
+    )
     print(f"   matmul peak: median {median(peaks):.1f} GFLOP/s over the rounds, best {max(peaks):.1f}")
     if a.compile:
         print(f"   lm-ablate compiled model only / transformers compiled: {result['compiled_vs_compiled']:.3f}x")
@@ -286,14 +368,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=2, help="train steps per candidate per round")
     p.add_argument("--no-compile", dest="compile", action="store_false")
-    p.add_argument("--warm-cache", action="store_true",
-                   help="use inductor's usual on-disk cache (default: a fresh one, so compile times are cold)")
+    p.add_argument(
+        "--warm-cache",
+        action="store_true",
+        help="use inductor's usual on-disk cache (default: a fresh one, so compile times are cold)",
+    )
     p.add_argument("--profile", action="store_true", help="profile even when every target is met")
-    p.add_argument("--dropout", type=float, default=None,
-                   help="gpt2's embd/attn/resid_pdrop (default: GPT2Config's 0.1, what arch=gpt2 also uses)")
+    p.add_argument(
+        "--dropout",
+        type=float,
+        default=None,
+        help="gpt2's embd/attn/resid_pdrop (default: GPT2Config's 0.1, what arch=gpt2 also uses)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's, one per core)")
-    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                   help="cpu: this thread's CPU time (needs --threads 1): robust to other load on the machine")
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: this thread's CPU time (needs --threads 1): robust to other load on the machine",
+    )
     a = p.parse_args(argv)
     if a.quick:
         a.batch, a.seq, a.rounds, a.steps, a.compile = 4, 64, 2, 1, False
@@ -307,19 +400,26 @@ def main(argv: list[str] | None = None) -> int:
     header("bench/throughput.py: train-step tokens/s, lm-ablate vs transformers (fp32, CPU)")
     import transformers
 
-    print(f"   transformers {transformers.__version__}; {a.rounds} rounds x {a.steps} steps per candidate; clock: {a.clock}")
+    print(
+        f"   transformers {transformers.__version__}; {a.rounds} rounds x {a.steps} steps per candidate; clock: {a.clock}"
+    )
     results = [run_family(f, a) for f in a.families.split(",")]
 
-    print("\n== summary (targets: eager >= 1.0x transformers eager, compiled >= 1.1x transformers eager, "
-          f"eager MFU >= {TARGET_MFU:.0%} at d_model >= 256)")
+    print(
+        "\n== summary (targets: eager >= 1.0x transformers eager, compiled >= 1.1x transformers eager, "
+        f"eager MFU >= {TARGET_MFU:.0%} at d_model >= 256)"
+    )
     rows = []
     for r in results:
         e = r["lm-ablate eager"]
         row = [r["family"], f"{e['vs_hf_eager']:.3f}x", f"{100 * e['mfu']:.1f}%"]
         if a.compile:
             c = r["lm-ablate compiled"]
-            row += [f"{c['vs_hf_eager']:.3f}x", f"{r['compiled_vs_compiled']:.3f}x",
-                    f"{r['compile_s']['lm-ablate compiled']:.0f} s / {r['compile_s']['transformers compiled']:.0f} s"]
+            row += [
+                f"{c['vs_hf_eager']:.3f}x",
+                f"{r['compiled_vs_compiled']:.3f}x",
+                f"{r['compile_s']['lm-ablate compiled']:.0f} s / {r['compile_s']['transformers compiled']:.0f} s",
+            ]
         rows.append(row)
     heads = ["family", "eager vs HF eager", "eager MFU"]
     if a.compile:

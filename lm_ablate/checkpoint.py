@@ -27,9 +27,19 @@ DIR_NAME = "checkpoints"
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
 
 # config sections that may differ between the interrupted and the resumed run (they do not change the math)
-RESUME_MAY_DIFFER = ("tracking", "train.progress", "train.device", "train.threads", "train.resume",
-                     "train.max_steps", "train.checkpoint_every", "train.keep_checkpoints", "data.cache_dir",
-                     "choices.debug", "study")
+RESUME_MAY_DIFFER = (
+    "tracking",
+    "train.progress",
+    "train.device",
+    "train.threads",
+    "train.resume",
+    "train.max_steps",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "data.cache_dir",
+    "choices.debug",
+    "study",
+)
 
 
 class CheckpointError(ConfigError):
@@ -97,8 +107,10 @@ def _unreadable(err: Exception) -> str:
     if "Weights only load failed" in text:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
         if found:
-            return (f"it would import {found.group(1)} while unpickling, and a checkpoint may hold only tensors and "
-                    "plain containers (loading refused: it could run code)")
+            return (
+                f"it would import {found.group(1)} while unpickling, and a checkpoint may hold only tensors and "
+                "plain containers (loading refused: it could run code)"
+            )
         return "not a torch checkpoint of tensors and plain containers (corrupt, or not written by torch.save)"
     if isinstance(err, (EOFError, RuntimeError)) or "zip archive" in text:
         first = re.sub(r"\x1b\[[0-9;]*m", "", text).strip().split(". ")[0].splitlines()
@@ -113,11 +125,13 @@ def load(path: Path) -> dict[str, Any]:
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # truncated file, wrong format, unpickling refused
-        raise CheckpointError(f"train.resume={str(path)!r} is invalid: unreadable checkpoint: {_unreadable(err)}; "
-                              f"{ALLOWED}") from None
+        raise CheckpointError(
+            f"train.resume={str(path)!r} is invalid: unreadable checkpoint: {_unreadable(err)}; {ALLOWED}"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"train.resume={str(path)!r} is invalid: not an lm-ablate checkpoint of format {FORMAT}; "
-                              f"{ALLOWED}")
+        raise CheckpointError(
+            f"train.resume={str(path)!r} is invalid: not an lm-ablate checkpoint of format {FORMAT}; {ALLOWED}"
+        )
     return state
 
 
@@ -154,5 +168,7 @@ def find_resume(run_dir: Path, resume: str) -> Path | None:
             raise CheckpointError(f"train.resume={resume!r} is invalid: no checkpoint in that directory")
         return found[-1]
     if not path.is_file():
-        raise CheckpointError(f"train.resume={resume!r} is invalid: no such file (allowed: auto, never, a checkpoint path)")
+        raise CheckpointError(
+            f"train.resume={resume!r} is invalid: no such file (allowed: auto, never, a checkpoint path)"
+        )
     return path

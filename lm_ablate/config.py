@@ -245,11 +245,15 @@ def _known_keys(node: DictConfig, schema: DictConfig, prefix: str = "") -> None:
 
     for key in node:
         name = f"{prefix}{key}"
-        if key not in schema.keys():
+        if key not in schema.keys():  # noqa: SIM118 (`in` is False for a MISSING value in OmegaConf)
             where = prefix.rstrip(".") or "the config"
-            raise bad(name, node[key], f"unknown key; keys of {where}: " + ", ".join(str(k) for k in schema.keys()))
+            raise bad(name, node[key], f"unknown key; keys of {where}: " + ", ".join(str(k) for k in schema.keys()))  # noqa: SIM118
         child, ref = node._get_node(key), schema._get_node(key)
-        if isinstance(child, DictConfig) and isinstance(ref, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(ref)):
+        if (
+            isinstance(child, DictConfig)
+            and isinstance(ref, DictConfig)
+            and dataclasses.is_dataclass(OmegaConf.get_type(ref))
+        ):
             _known_keys(child, ref, name + ".")
 
 

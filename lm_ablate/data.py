@@ -26,10 +26,11 @@ import os
 import re
 import tarfile
 import uuid
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -168,7 +169,7 @@ class BPETokenizer:
         self.vocab_size: int = tok.get_vocab_size()
 
     @staticmethod
-    def train(text: str, vocab_size: int) -> "BPETokenizer":
+    def train(text: str, vocab_size: int) -> BPETokenizer:
         """Same text and size -> same merges (the tests train twice and compare), so the cached file can be
         rebuilt if deleted without changing any cached token ids."""
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -547,8 +548,10 @@ def check_length(data: TokenData, context: int) -> None:
     """Fail at start, not at the first batch, when a split cannot hold one (context + 1)-token window."""
     for split, tokens in (("train", data.train), ("val", data.val)):
         if len(tokens) < context + 1:
-            why = (f"the {split} split has only {len(tokens)} tokens (needs context + 1 = {context + 1}); "
-                   "use a smaller model.context or more data")
+            why = (
+                f"the {split} split has only {len(tokens)} tokens (needs context + 1 = {context + 1}); "
+                "use a smaller model.context or more data"
+            )
             raise _bad("model.context", context, why)
 
 

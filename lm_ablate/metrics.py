@@ -21,6 +21,7 @@ VAL_LOSS_AT = "val/loss@{k}x"  # at the end: val loss at k times the training co
 def val_loss_at(k: int) -> str:
     return VAL_LOSS_AT.format(k=k)
 
+
 GRAD_NORM = "optim/grad_norm"  # global L2 norm of the gradient *before* clipping
 LR = "optim/lr"
 TOKENS = "perf/tokens"  # tokens consumed so far (x-axis for equal-token comparisons)

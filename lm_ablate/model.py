@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -37,7 +37,7 @@ def site_dropout(reg: Any, site: str) -> float:
     return reg.dropout if rate is None else rate
 
 
-def softcap(logits: Tensor, cap: Optional[float]) -> Tensor:
+def softcap(logits: Tensor, cap: float | None) -> Tensor:
     """c * tanh(z / c): a smooth clip of the logits to (-c, c) (Gemma 2, Team et al. 2024); None = off."""
     return logits if cap is None else cap * torch.tanh(logits / cap)
 
@@ -86,7 +86,7 @@ class Columns(nn.Module):
     its columns [start, start + width) of the sublayer's part of the fused output plus its own bias (kept
     here, so fusing adds or drops no parameter). A part that is exactly these columns passes through as is."""
 
-    def __init__(self, start: int, width: int, bias: Optional[nn.Parameter]):
+    def __init__(self, start: int, width: int, bias: nn.Parameter | None):
         super().__init__()
         self.start, self.width = start, width
         self.register_parameter("bias", bias)

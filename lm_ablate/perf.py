@@ -17,7 +17,9 @@ import torch
 
 
 @functools.cache
-def measured_peak_flops(device_type: str, dtype: torch.dtype = torch.float32, n: int = 1024, seconds: float = 0.3) -> float:
+def measured_peak_flops(
+    device_type: str, dtype: torch.dtype = torch.float32, n: int = 1024, seconds: float = 0.3
+) -> float:
     """Best FLOP/s of n x n matmuls over ~``seconds`` (cached per process: a sweep measures once)."""
     device = torch.device(device_type)
     if device.type == "cuda":

@@ -44,7 +44,8 @@ def observed(model: nn.Module, stats: dict[str, float]) -> Iterator[None]:
         return lambda q, k: stats.__setitem__(M.layer_metric(i, M.MAX_ATTN_LOGIT), attn.max_logit(q, k).item())
 
     hooks = [
-        block.register_forward_hook(lambda m, a, o, i=i: after_block(m, a, o, i)) for i, block in enumerate(model.blocks)
+        block.register_forward_hook(lambda m, a, o, i=i: after_block(m, a, o, i))
+        for i, block in enumerate(model.blocks)
     ]
     for i, block in enumerate(model.blocks):
         block.attn.qk_observer = qk(i)
@@ -85,7 +86,7 @@ def grad_stats(model: nn.Module) -> dict[str, float]:
     """Gradient and parameter L2 norm of each block (call after backward, before clipping)."""
     stats: dict[str, float] = {}
     for i, block in enumerate(model.blocks):
-        params = [p for p in block.parameters()]
+        params = list(block.parameters())
         grads = [p.grad for p in params if p.grad is not None]
         if grads:
             stats[M.layer_metric(i, M.GRAD_NORM_LAYER)] = _norm(grads)

@@ -5,7 +5,8 @@ Model assembly asks a registry to build a component from its config; it never co
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from lm_ablate.config import bad
 
@@ -72,8 +73,8 @@ REGISTRIES: dict[str, Registry] = {
 
 def load_all() -> None:
     """Import every module that registers options, so every registry is complete."""
-    import lm_ablate.components  # noqa: F401
-    import lm_ablate.data  # noqa: F401
-    import lm_ablate.optim  # noqa: F401
-    import lm_ablate.regularization  # noqa: F401
+    import lm_ablate.components
+    import lm_ablate.data
+    import lm_ablate.optim
+    import lm_ablate.regularization
     import lm_ablate.tracking  # noqa: F401

@@ -40,7 +40,9 @@ def sweep_command(study: str, out: Path, launcher: str, overrides: list[str]) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lm_ablate.study", description=__doc__.split("\n\n")[0])
-    parser.add_argument("study", nargs="?", default=DEFAULT_STUDY, help=f"sweep file in sweeps/ (default {DEFAULT_STUDY})")
+    parser.add_argument(
+        "study", nargs="?", default=DEFAULT_STUDY, help=f"sweep file in sweeps/ (default {DEFAULT_STUDY})"
+    )
     parser.add_argument("--launcher", choices=sorted(LAUNCHERS), default="basic")
     parser.add_argument("--out", type=Path, help="multirun directory (default multirun/<study>/<time>)")
     parser.add_argument("--list", action="store_true", help="list the studies and exit")

@@ -55,9 +55,7 @@ def sweep_arms(config: DictConfig) -> list[list[str]]:
 def arm_labels(arms: list[list[str]]) -> list[str]:
     """Each arm named by the overrides that vary across the sweep (all of its overrides when none vary)."""
     varying = [i for i in range(len(arms[0]) if arms else 0) if len({arm[i] for arm in arms}) > 1]
-    return [
-        " ".join(arm[i] for i in varying) if varying else " ".join(arm) or "(no overrides)" for arm in arms
-    ]
+    return [" ".join(arm[i] for i in varying) if varying else " ".join(arm) or "(no overrides)" for arm in arms]
 
 
 class ArmChecker:
@@ -153,7 +151,8 @@ def sweep_errors(config: DictConfig) -> list[str]:
         if error is not None:
             by_error.setdefault(error, []).append(label)
     return [
-        f"{labels[0]}: {error}" if len(labels) == 1
+        f"{labels[0]}: {error}"
+        if len(labels) == 1
         else f"{len(labels)} of {len(arms)} arms ({labels[0]}, ..., {labels[-1]}): {error}"
         for error, labels in by_error.items()
     ]

@@ -79,7 +79,7 @@ class LocalRecord(Tracker):
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.run_dir / M.CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(info.config)))
-        self._metrics = open(self.run_dir / M.METRICS_FILE, "a")
+        self._metrics = open(self.run_dir / M.METRICS_FILE, "a")  # noqa: SIM115 (closed in finish)
         return {}
 
     def log(self, row: dict[str, float], step: int) -> None:

@@ -7,6 +7,7 @@ it uses was built by its axis registry; the loop never looks at option names.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -14,10 +15,11 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import hydra
 import numpy as np
@@ -28,16 +30,24 @@ from lm_ablate import checkpoint as ckpt
 from lm_ablate import metrics as M
 from lm_ablate.config import AXES, CONF_DIR, ConfigError, compose_error_message, to_container, validate
 from lm_ablate.data import check_length, get_batch, load_data, val_batches
+from lm_ablate.distributed import init_distributed
 from lm_ablate.model import TransformerLM, model_cost
 from lm_ablate.optim import build_schedule
-from lm_ablate.registry import OPTIMIZERS, REGULARIZERS, TRACKERS
-from lm_ablate.distributed import init_distributed
 from lm_ablate.perf import compile_step, measured_peak_flops, peak_memory_mb
 from lm_ablate.probes import NO_PROBE, StepProbe
+from lm_ablate.registry import OPTIMIZERS, REGULARIZERS, TRACKERS
 from lm_ablate.tracking import LocalRecord, RunInfo, Tracker, Trackers, atomic_write_text
 
 # overrides that do not change what is trained: left out of run names
-_BOOKKEEPING = ("tracking", "train.progress", "train.device", "train.threads", "train.resume", "data.cache_dir", "hydra")
+_BOOKKEEPING = (
+    "tracking",
+    "train.progress",
+    "train.device",
+    "train.threads",
+    "train.resume",
+    "data.cache_dir",
+    "hydra",
+)
 # SIGTERM: scancel, preemption; SIGUSR1: a common sbatch --signal choice; SIGUSR2: what submitit (hydra/launcher=slurm)
 # asks SLURM to send before the time limit (signal_delay_s), after which its own handler requeues the job.
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -122,12 +132,11 @@ class Preemption:
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> "Preemption":
+    def __enter__(self) -> Preemption:
         for sig in PREEMPT_SIGNALS:
-            try:
+            # not the main thread (e.g. a launcher running jobs in threads): no handler
+            with contextlib.suppress(ValueError):
                 self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (e.g. a launcher running jobs in threads): no handler
-                pass
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -178,7 +187,9 @@ def _start_over_or_refuse(run_dir: Path) -> None:
     _trim_metrics(run_dir, -1)
 
 
-def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None, on_accept: Callable[[], None] | None = None) -> dict[str, Any]:
+def train(
+    cfg: DictConfig, run_dir: str | Path, name: str | None = None, on_accept: Callable[[], None] | None = None
+) -> dict[str, Any]:
     """Train one run (or continue it from its checkpoint) and write its record into ``run_dir``.
     ``on_accept`` runs (on rank 0) once every check has passed, before anything is written."""
     validate(cfg)
@@ -191,16 +202,23 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None, on_acce
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else nullcontext
     config = to_container(cfg)
     if t.batch_size % (dist_env.world * t.grad_accum):
-        raise ConfigError(f"train.batch_size={t.batch_size} is invalid: must be divisible by the number of processes "
-                          f"({dist_env.world}) x train.grad_accum ({t.grad_accum})")
+        raise ConfigError(
+            f"train.batch_size={t.batch_size} is invalid: must be divisible by the number of processes "
+            f"({dist_env.world}) x train.grad_accum ({t.grad_accum})"
+        )
 
     resume_from = ckpt.find_resume(run_dir, t.resume)
     saved = ckpt.load(resume_from) if resume_from else None
     if saved is not None:
         diff = ckpt.config_differences(saved["config"], config)
         if diff:
-            shown = ", ".join(f"{k}: {ckpt.flat_config(saved['config']).get(k)!r} -> {ckpt.flat_config(config).get(k)!r}" for k in diff[:3])
-            raise ckpt.CheckpointError(f"train.resume={str(resume_from)!r} is invalid: the checkpoint is of another config ({shown})")
+            shown = ", ".join(
+                f"{k}: {ckpt.flat_config(saved['config']).get(k)!r} -> {ckpt.flat_config(config).get(k)!r}"
+                for k in diff[:3]
+            )
+            raise ckpt.CheckpointError(
+                f"train.resume={str(resume_from)!r} is invalid: the checkpoint is of another config ({shown})"
+            )
     elif dist_env.main:
         _start_over_or_refuse(run_dir)
 
@@ -208,8 +226,10 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None, on_acce
     check_length(data, cfg.model.context)
     longest = max(t.extrapolation, default=1) * cfg.model.context
     if len(data.val) < longest + 1:
-        raise ConfigError(f"train.extrapolation={list(t.extrapolation)} is invalid: the validation split has "
-                          f"{len(data.val)} tokens, fewer than {longest + 1}")
+        raise ConfigError(
+            f"train.extrapolation={list(t.extrapolation)} is invalid: the validation split has "
+            f"{len(data.val)} tokens, fewer than {longest + 1}"
+        )
     if on_accept is not None and dist_env.main:
         on_accept()
     seed_everything(cfg.seed)
@@ -220,7 +240,9 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None, on_acce
     tokens_per_step = t.batch_size * cfg.model.context  # global, all ranks together
     horizon = t.max_steps if t.max_tokens is None else min(t.max_steps, math.ceil(t.max_tokens / tokens_per_step))
     lr_at = build_schedule(cfg.optim, horizon)
-    val = [(x.to(device), y.to(device)) for x, y in val_batches(data.val, t.batch_size, cfg.model.context, t.eval_batches)]
+    val = [
+        (x.to(device), y.to(device)) for x, y in val_batches(data.val, t.batch_size, cfg.model.context, t.eval_batches)
+    ]
     peak = t.peak_flops or measured_peak_flops(device.type, torch.bfloat16 if device.type == "cuda" else torch.float32)
     peak *= dist_env.world
 
@@ -260,7 +282,9 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None, on_acce
     # left it eager: bench/throughput.py). Probes, checkpoints and evaluation use the plain module.
     step_model: torch.nn.Module = model
     if dist_env.active:
-        step_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+        step_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device] if device.type == "cuda" else None
+        )
 
     def forward_loss(xm: torch.Tensor, ym: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """logits, then (loss, cross-entropy, z-loss term) of one micro-batch."""
@@ -364,19 +388,21 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None, on_acce
                 rate = meter.update(tokens_per_step, seconds)
 
                 row: dict[str, float] = dict(probe.stats)
-                row.update({
-                    M.TRAIN_LOSS: ce_value,
-                    M.GRAD_NORM: norm_value,
-                    M.LR: lr,
-                    M.TOKENS: step * tokens_per_step,
-                    M.TOKENS_PER_SEC: rate,
-                    M.STEP_TIME_MS: 1000 * seconds,
-                    M.MFU: cost.flops_per_token * rate / peak,
-                    M.SPIKE_GRAD_NORM: float(grad_spikes.update(norm_value)),
-                    M.SPIKE_GRAD_NORM_COUNT: grad_spikes.count,
-                    M.SPIKE_LOSS: float(loss_spikes.update(ce_value)),
-                    M.SPIKE_LOSS_COUNT: loss_spikes.count,
-                })
+                row.update(
+                    {
+                        M.TRAIN_LOSS: ce_value,
+                        M.GRAD_NORM: norm_value,
+                        M.LR: lr,
+                        M.TOKENS: step * tokens_per_step,
+                        M.TOKENS_PER_SEC: rate,
+                        M.STEP_TIME_MS: 1000 * seconds,
+                        M.MFU: cost.flops_per_token * rate / peak,
+                        M.SPIKE_GRAD_NORM: float(grad_spikes.update(norm_value)),
+                        M.SPIKE_GRAD_NORM_COUNT: grad_spikes.count,
+                        M.SPIKE_LOSS: float(loss_spikes.update(ce_value)),
+                        M.SPIKE_LOSS_COUNT: loss_spikes.count,
+                    }
+                )
                 if cfg.regularization.z_loss:
                     row[M.TRAIN_Z_LOSS] = dist_env.mean(z_sum / len(micro)).item()
                 if probing:
@@ -430,8 +456,15 @@ def train(cfg: DictConfig, run_dir: str | Path, name: str | None = None, on_acce
 def _progress(t: DictConfig, name: str, initial: int, main: bool):
     from tqdm.auto import tqdm
 
-    return tqdm(total=t.max_steps, initial=initial, desc=name[:60], disable=not (t.progress and main), leave=False,
-                mininterval=1.0, file=sys.stderr)
+    return tqdm(
+        total=t.max_steps,
+        initial=initial,
+        desc=name[:60],
+        disable=not (t.progress and main),
+        leave=False,
+        mininterval=1.0,
+        file=sys.stderr,
+    )
 
 
 _STARTED = False  # set once Hydra has composed the config: later errors are not composition errors
@@ -456,7 +489,9 @@ def main(cfg: DictConfig) -> float | None:
         folder.mkdir(parents=True, exist_ok=True)
         plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "choices"])
         atomic_write_text(folder / "config.yaml", OmegaConf.to_yaml(plain))
-        atomic_write_text(folder / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": OmegaConf.to_container(hc)})))
+        atomic_write_text(
+            folder / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": OmegaConf.to_container(hc)}))
+        )
         atomic_write_text(folder / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(hc.overrides.task))))
 
     try:

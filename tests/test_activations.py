@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from functools import partial
-from typing import Callable, Union
 
 import pytest
 import torch
@@ -37,7 +37,7 @@ def tanh_gelu(t):  # Hendrycks & Gimpel 2016, eq. for the fast approximation (GP
 
 
 TORCH_TANH_GELU = partial(F.gelu, approximate="tanh")
-Ref = Union[Callable, str]  # a function, or "hf:<ACT2FN key>"
+Ref = Callable | str  # a function, or "hf:<ACT2FN key>"
 # variant -> its references: formula written here, torch built-in, HuggingFace ACT2FN entry
 REFERENCES: dict[tuple[str, str], list[Ref]] = {
     ("relu", "none"): [lambda t: t.clamp_min(0), F.relu, "hf:relu"],
@@ -138,8 +138,9 @@ def test_gated_ffn_matches_transformers_llama_mlp(name, approximate, bias):
     torch.manual_seed(0)
     ffn = _ffn(name, d=64, bias=bias, approximate=approximate)
     d_ff = ffn.down.in_features
-    config = llama.LlamaConfig(hidden_size=64, intermediate_size=d_ff, hidden_act=HF_GATED[name, approximate],
-                               mlp_bias=bias)
+    config = llama.LlamaConfig(
+        hidden_size=64, intermediate_size=d_ff, hidden_act=HF_GATED[name, approximate], mlp_bias=bias
+    )
     mlp = llama.LlamaMLP(config)
     with torch.no_grad():
         ffn.gate_up.weight.copy_(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))

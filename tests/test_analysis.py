@@ -129,9 +129,7 @@ def make_summary(run_name: str, name: str, placement: str, seed: int, final_val:
     }  # fmt: skip
 
 
-def write_run(
-    run_dir: Path, config: dict | None, rows: list[dict], summary: dict | str | None, tail: str = ""
-) -> None:
+def write_run(run_dir: Path, config: dict | None, rows: list[dict], summary: dict | str | None, tail: str = "") -> None:
     """Write a run record exactly as the loop does: YAML config, JSON lines (NaN/Infinity), JSON summary."""
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / ".hydra" / "config.yaml").write_text("hydra_junk: ${hydra:runtime.cwd}\n")
@@ -170,9 +168,7 @@ def sweep(tmp_path_factory) -> Path:
             elif kind == "corrupt_summary":
                 write_run(run_dir, cfg, rows, '{"status": "compl')
             elif kind == "running":
-                write_run(
-                    run_dir, cfg, rows[:45], make_summary(run_name, name, placement, seed, 1.0, "running")
-                )
+                write_run(run_dir, cfg, rows[:45], make_summary(run_name, name, placement, seed, 1.0, "running"))
             else:
                 summary = make_summary(run_name + XSS, name, placement, seed, 9.0, M.STATUS_DIVERGED)
                 summary.update({M.DIVERGED_AT: 30, M.ERROR: "non-finite loss " + XSS})
@@ -276,11 +272,7 @@ def test_metrics_duplicates_keep_last_and_nan(tmp_path):
     (run / M.METRICS_FILE).write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n[1]\n")
     rs = load_runs([run])
     hist = rs.history["r"]
-    assert (
-        list(hist.index) == [1, 2, 3]
-        and hist.loc[2, M.TRAIN_LOSS] == 7.0
-        and math.isnan(hist.loc[3, M.TRAIN_LOSS])
-    )
+    assert list(hist.index) == [1, 2, 3] and hist.loc[2, M.TRAIN_LOSS] == 7.0 and math.isnan(hist.loc[3, M.TRAIN_LOSS])
     assert rs.runs[M.STATUS].tolist() == ["incomplete"] and rs.runs[M.DIVERGED_AT].tolist() == [3]
     assert any("2 line(s)" in p for p in rs.problems)
 
@@ -320,9 +312,7 @@ def test_table_numbers(sweep):
             got = [row[k] for k in ("delta_final_val_loss", "delta_ci_low", "delta_ci_high", "p_value")]
             assert got == pytest.approx([d, lo, hi, p])
             assert (row["test"], row["n_pairs"]) == ("paired", 3)
-            assert row["tokens_per_sec_ratio"] == pytest.approx(
-                (TPS["rmsnorm"] + 10) / (TPS["layernorm"] + 10)
-            )
+            assert row["tokens_per_sec_ratio"] == pytest.approx((TPS["rmsnorm"] + 10) / (TPS["layernorm"] + 10))
         else:
             assert row["is_baseline"] and math.isnan(row["delta_final_val_loss"])
     diverged = t.loc[("norm.placement=post", "rmsnorm")]
@@ -394,10 +384,7 @@ def test_cli(sweep, tmp_path):
         check=False, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert (
-        bad.stderr.strip().startswith("error: no runs found under:")
-        and len(bad.stderr.strip().splitlines()) == 1
-    )
+    assert bad.stderr.strip().startswith("error: no runs found under:") and len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_run_killed_before_start_uses_hydra_config(tmp_path):

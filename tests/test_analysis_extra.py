@@ -68,9 +68,7 @@ def config(placement: str, lr: float, seed: int) -> dict:
     }
 
 
-def metrics_rows(
-    placement: str, lr: float, seed: int, final: float | None, probes: bool = True
-) -> list[dict]:
+def metrics_rows(placement: str, lr: float, seed: int, final: float | None, probes: bool = True) -> list[dict]:
     """The loop's rows: val/loss at step 0 (init) and at the end (with extrapolation), probes at step 1 and
     every 10 steps; a diverged run ends in a NaN loss at DIVERGE_AT."""
     rows: list[dict] = [{M.STEP: 0, M.VAL_LOSS: init_loss(seed), M.TOKENS: 0}]
@@ -157,9 +155,7 @@ def test_lr_sensitivity_and_best_lr_by_hand(lr_sweep_dir):
     post = {1e-3: (3.0 + 3.2) / 2, 1e-2: (2.5 + 2.7) / 2, 1e-1: (min(10.6, 10.0) + 10.1) / 2}
     star = min(post.values())  # 2.6, at 1e-2
     row = best.loc["norm.placement=post"]
-    assert row["lr_sensitivity"] == pytest.approx(
-        sum(v - star for v in post.values()) / 3
-    )  # (0.5 + 0 + 7.45)/3
+    assert row["lr_sensitivity"] == pytest.approx(sum(v - star for v in post.values()) / 3)  # (0.5 + 0 + 7.45)/3
     assert row["loss_star"] == pytest.approx(2.6)
     assert row["best_lr"] == 1e-2 and not row["best_at_edge"]
     mean, low, high = expected_ci([2.5, 2.7])
@@ -211,9 +207,7 @@ def test_compare_to_baseline_pairs_by_seed_else_welch():
     assert got["test"] == "paired" and got["n_pairs"] == 3  # seed 7 has no partner: left out
     assert got["p_value"] == pytest.approx(st.ttest_rel(a, b).pvalue)
     welch = compare_to_baseline(runs([0, 1, 2], a), runs([3, 4, 5], b))
-    assert welch["test"] == "welch" and welch["p_value"] == pytest.approx(
-        st.ttest_ind(a, b, equal_var=False).pvalue
-    )
+    assert welch["test"] == "welch" and welch["p_value"] == pytest.approx(st.ttest_ind(a, b, equal_var=False).pvalue)
     assert compare_to_baseline(runs([0, 0, 1], a), runs([0, 1, 2], b))["test"] == "welch"  # repeated seed
 
 
@@ -261,7 +255,7 @@ def test_new_figures_skipped_cleanly_without_their_data(lr_sweep_dir, tmp_path):
     for i, src in enumerate(sorted(lr_sweep_dir.iterdir(), key=lambda p: int(p.name))[:8]):
         cfg = OmegaConf.to_container(OmegaConf.load(src / M.CONFIG_FILE))
         placement, lr, seed = cfg["norm"]["placement"], cfg["optim"]["lr"], cfg["seed"]
-        rows = [r for r in metrics_rows(placement, lr, seed, 3.0, probes=False)]
+        rows = list(metrics_rows(placement, lr, seed, 3.0, probes=False))
         for r in rows:  # a loop without extrapolation
             r.pop(M.val_loss_at(2), None), r.pop(M.val_loss_at(4), None)
         write(
@@ -577,9 +571,7 @@ def wandb_rows(rows: list[dict]) -> list[dict]:
         for k, v in r.items():
             if k != M.STEP:
                 row[k] = (
-                    ("NaN" if math.isnan(v) else "Infinity")
-                    if isinstance(v, float) and not math.isfinite(v)
-                    else v
+                    ("NaN" if math.isnan(v) else "Infinity") if isinstance(v, float) and not math.isfinite(v) else v
                 )
         row["weights"] = {"_type": "histogram", "values": [1, 2]}
         out.append(row)
@@ -600,9 +592,7 @@ def fake_project() -> list[FakeRun]:
             runs.append(FakeRun(f"r{i}{seed}", "study", "finished", cfg, summ, wandb_rows(rows)))
     # written by something else (no summary keys of ours), crashed: status from the state, values from history
     rows = metrics_rows("pre", 1e-3, 5, 3.5)
-    runs.append(
-        FakeRun("other", "study", "crashed", config("pre", 1e-3, 5), {"_step": STEPS}, wandb_rows(rows))
-    )
+    runs.append(FakeRun("other", "study", "crashed", config("pre", 1e-3, 5), {"_step": STEPS}, wandb_rows(rows)))
     runs.append(FakeRun("live", "study", "running", config("pre", 1e-2, 6),
                         {M.STATUS: M.STATUS_RUNNING, "_step": 10}, wandb_rows(rows[:11])))  # fmt: skip
     runs.append(FakeRun("elsewhere", "another", "finished", config("pre", 1e-2, 7), {}, []))
@@ -626,9 +616,7 @@ def test_wandb_source_cache_and_offline(lr_sweep_dir, tmp_path, monkeypatch):
     assert runs.loc["live", M.STATUS] == M.STATUS_RUNNING
     assert runs.loc["other", M.FINAL_VAL_LOSS] == pytest.approx(3.5)  # from the history: no summary of ours
     assert runs.loc["other", M.STEPS] == STEPS and runs.loc["r00", "optim.lr"] == pytest.approx(1e-3)
-    assert (
-        runs.loc["r00", L.INIT_VAL_LOSS] == pytest.approx(10.0) and "_wandb.cli_version" not in runs.columns
-    )
+    assert runs.loc["r00", L.INIT_VAL_LOSS] == pytest.approx(10.0) and "_wandb.cli_version" not in runs.columns
     assert runs.loc["r00", "run_dir"] == "https://wandb.ai/ent/proj/runs/r00"
     html = report.read_text()
     assert "<h2>Learning rate (optim.lr)</h2>" in html and "max attention logit by norm.placement" in html
@@ -639,9 +627,9 @@ def test_wandb_source_cache_and_offline(lr_sweep_dir, tmp_path, monkeypatch):
     # a second fetch downloads only what may have changed (the running run)
     scans = {r.id: r.scans for r in project}
     load_wandb("ent/proj", out / "wandb_cache", group="study")
-    assert {
-        r.id: r.scans - scans[r.id] for r in project if r.group == "study" and r.scans != scans[r.id]
-    } == {"live": 1}
+    assert {r.id: r.scans - scans[r.id] for r in project if r.group == "study" and r.scans != scans[r.id]} == {
+        "live": 1
+    }
 
     # run directories and a W&B project in one report: ids kept apart, configs merged
     both = load_sources([lr_sweep_dir], out, wandb="ent/proj", group="study", offline=True)
@@ -654,10 +642,7 @@ def test_wandb_source_cache_and_offline(lr_sweep_dir, tmp_path, monkeypatch):
 
     monkeypatch.setattr(wandb, "Api", no_network)
     assert (
-        report_main(
-            ["--wandb", "ent/proj", "--group", "study", "--offline", "--out", str(out), "--workers", "1"]
-        )
-        == 0
+        report_main(["--wandb", "ent/proj", "--group", "study", "--offline", "--out", str(out), "--workers", "1"]) == 0
     )
     pd.testing.assert_frame_equal(pd.read_csv(out / "runs.csv").set_index("run_id"), runs)
     # no cache: a one-line error, no traceback
@@ -699,9 +684,7 @@ def test_dashboard_spec_and_workspace(capsys):
     for sec in spec["sections"]:
         assert [p["metric"] for p in sec["panels"]] == list(PANEL_METRICS)
         assert {p["groupby"] for p in sec["panels"]} == {sec["groupby"]}
-    pytest.importorskip(
-        "wandb_workspaces", reason="wandb-workspaces not installed (pip install '.[dashboards]')"
-    )
+    pytest.importorskip("wandb_workspaces", reason="wandb-workspaces not installed (pip install '.[dashboards]')")
     workspace = build_workspace(spec)  # built, never saved
     assert (workspace.entity, workspace.project) == ("ent", "proj")
     assert [s.name for s in workspace.sections] == ["by norm.placement", "by norm.name"]
@@ -710,9 +693,7 @@ def test_dashboard_spec_and_workspace(capsys):
         assert all(p.groupby.name == key and p.groupby_aggfunc == "mean" for p in section.panels)
     model = workspace._to_model().model_dump(by_alias=True, exclude_none=True)  # what save() would send
     sections = model["spec"]["section"]["panelBankConfig"]["sections"]
-    assert [p["config"]["groupBy"] for p in sections[0]["panels"]] == ["norm.value.placement"] * len(
-        PANEL_METRICS
-    )
+    assert [p["config"]["groupBy"] for p in sections[0]["panels"]] == ["norm.value.placement"] * len(PANEL_METRICS)
     (runset,) = model["spec"]["section"]["runSets"]
     assert runset["filters"]["filters"] == [
         {"key": {"section": "run", "name": "group"}, "op": "=", "value": "study", "disabled": False}
@@ -789,7 +770,5 @@ def test_odd_records_never_crash_the_report(lr_sweep_dir, tmp_path):
     out = tmp_path / "rep"
     assert report_main([str(root), "--out", str(out), "--workers", "1"]) == 0
     runs = pd.read_parquet(out / "runs.parquet").set_index("run_id")
-    assert runs.loc["empty", M.STATUS] == L.STATUS_INCOMPLETE and math.isnan(
-        runs.loc["empty", L.INIT_VAL_LOSS]
-    )
+    assert runs.loc["empty", M.STATUS] == L.STATUS_INCOMPLETE and math.isnan(runs.loc["empty", L.INIT_VAL_LOSS])
     assert runs.loc["text_values", L.INIT_VAL_LOSS] == 10.0 and "val/loss@2x" in runs.columns

@@ -89,68 +89,180 @@ CASES = [
     case("unknown_group_option", "train", "norm=rmsnrom", "norm='rmsnrom'", "allowed: layernorm, none, rmsnorm"),
     case("unknown_key", "train", "model.n_head=4", "model.n_head=4", "unknown key", "n_heads"),
     case("wrong_type", "train", "optim.lr=fast", "optim.lr='fast'", "must be a float"),
-    case("appended_unknown_key", "train", "+model.n_head=4 train.max_steps=1 train.peak_flops=1e12", "model.n_head=4",
-         "unknown key", "n_heads"),
+    case(
+        "appended_unknown_key",
+        "train",
+        "+model.n_head=4 train.max_steps=1 train.peak_flops=1e12",
+        "model.n_head=4",
+        "unknown key",
+        "n_heads",
+    ),
     # --- cross-field rules (config.validate, train.resolve_device)
-    case("heads_not_dividing_d_model", "train", "model.n_heads=3", "model.n_heads=3", "must divide model.d_model=32",
-         "model.head_dim"),
-    case("kv_heads_not_dividing_heads", "train", "attention=gqa attention.n_kv_heads=3", "attention.n_kv_heads=3",
-         "divide model.n_heads=2"),
+    case(
+        "heads_not_dividing_d_model",
+        "train",
+        "model.n_heads=3",
+        "model.n_heads=3",
+        "must divide model.d_model=32",
+        "model.head_dim",
+    ),
+    case(
+        "kv_heads_not_dividing_heads",
+        "train",
+        "attention=gqa attention.n_kv_heads=3",
+        "attention.n_kv_heads=3",
+        "divide model.n_heads=2",
+    ),
     case("rope_odd_head_dim", "train", "position=rope model.head_dim=7", "model.head_dim=7", "rope", "need even"),
     case("window_zero", "train", "attention.window=0", "attention.window=0", "positive integer or null"),
     case("negative_lr", "train", "optim.lr=-1e-3", "optim.lr=-0.001", "must be > 0"),
     case("dropout_one", "train", "regularization.dropout=1.0", "regularization.dropout=1.0", "[0, 1)"),
     case("zero_steps", "train", "train.max_steps=0", "train.max_steps=0", "positive integer"),
-    case("grad_accum_not_dividing", "train", "train.grad_accum=3", "train.grad_accum=3",
-         "must divide train.batch_size=4"),
-    case("cuda_without_cuda", "train", "train.device=cuda", "train.device='cuda'", "CUDA is not available",
-         "auto or cpu"),
-    case("tracking_mode", "train", "tracking.mode=sometimes", "tracking.mode='sometimes'",
-         "allowed: online, offline, disabled"),
-    case("unknown_tokenizer", "train", "data.tokenizer=sentencepiece", "data.tokenizer='sentencepiece'",
-         "allowed: bpe, byte"),
+    case(
+        "grad_accum_not_dividing", "train", "train.grad_accum=3", "train.grad_accum=3", "must divide train.batch_size=4"
+    ),
+    case(
+        "cuda_without_cuda", "train", "train.device=cuda", "train.device='cuda'", "CUDA is not available", "auto or cpu"
+    ),
+    case(
+        "tracking_mode",
+        "train",
+        "tracking.mode=sometimes",
+        "tracking.mode='sometimes'",
+        "allowed: online, offline, disabled",
+    ),
+    case(
+        "unknown_tokenizer",
+        "train",
+        "data.tokenizer=sentencepiece",
+        "data.tokenizer='sentencepiece'",
+        "allowed: bpe, byte",
+    ),
     case("d_ff_zero", "train", "activation.d_ff=0", "activation.d_ff=0", "positive integer or null"),
     # --- data
-    case("missing_data_file", "train", "data=hf data.path=/nonexistent.txt", "data.path='/nonexistent.txt'",
-         "no such file or folder"),
+    case(
+        "missing_data_file",
+        "train",
+        "data=hf data.path=/nonexistent.txt",
+        "data.path='/nonexistent.txt'",
+        "no such file or folder",
+    ),
     case("empty_data_file", "train", "data=hf data.path={files}/empty.txt", "data.path=", "empty.txt", "is empty"),
-    case("non_utf8_text", "train", "data=hf data.path={files}/latin1.txt", "latin1.txt", "not UTF-8 text",
-         "bad byte at offset 19"),
-    case("corpus_shorter_than_context", "train", "data=hf data.path={files}/tiny.txt", "model.context=32",
-         "only 10 tokens", "needs context + 1 = 33"),
-    case("hub_name_offline", "train", "data=hf data.path=some/hub-name", "data.path='some/hub-name'",
-         "could not load from the Hugging Face hub", "no local file"),
-    case("cache_dir_not_a_folder", "train", "data.cache_dir=/dev/null/cache", "data.cache_dir='/dev/null/cache'",
-         "cannot create the token cache", "writable folder"),
+    case(
+        "non_utf8_text",
+        "train",
+        "data=hf data.path={files}/latin1.txt",
+        "latin1.txt",
+        "not UTF-8 text",
+        "bad byte at offset 19",
+    ),
+    case(
+        "corpus_shorter_than_context",
+        "train",
+        "data=hf data.path={files}/tiny.txt",
+        "model.context=32",
+        "only 10 tokens",
+        "needs context + 1 = 33",
+    ),
+    case(
+        "hub_name_offline",
+        "train",
+        "data=hf data.path=some/hub-name",
+        "data.path='some/hub-name'",
+        "could not load from the Hugging Face hub",
+        "no local file",
+    ),
+    case(
+        "cache_dir_not_a_folder",
+        "train",
+        "data.cache_dir=/dev/null/cache",
+        "data.cache_dir='/dev/null/cache'",
+        "cannot create the token cache",
+        "writable folder",
+    ),
     # --- checkpoints and resume
-    case("corrupt_checkpoint", "train", "train.resume={files}/corrupt.pt", "train.resume=", "corrupt.pt",
-         "unreadable checkpoint", "allowed: auto, never"),
-    case("truncated_checkpoint", "train", "train.resume={files}/truncated.pt", "truncated.pt",
-         "unreadable checkpoint: truncated or corrupt file", "allowed: auto, never"),
-    case("missing_checkpoint", "train", "train.resume={files}/nope.pt", "nope.pt", "no such file",
-         "allowed: auto, never"),
-    case("checkpoint_of_other_config", "train", "train.resume={ckpt} model.d_model=64", "train.resume=",
-         "checkpoint is of another config", "model.d_model: 32 -> 64"),
-    case("resume_into_run_dir_of_other_config", "train", "hydra.run.dir={finished_copy} model.d_model=64",
-         "checkpoint is of another config", "model.d_model: 32 -> 64"),
-    case("restart_over_finished_run", "train", "hydra.run.dir={finished_copy} train.resume=never",
-         "hydra.run.dir=", "already holds a finished run", "use a new run directory"),
+    case(
+        "corrupt_checkpoint",
+        "train",
+        "train.resume={files}/corrupt.pt",
+        "train.resume=",
+        "corrupt.pt",
+        "unreadable checkpoint",
+        "allowed: auto, never",
+    ),
+    case(
+        "truncated_checkpoint",
+        "train",
+        "train.resume={files}/truncated.pt",
+        "truncated.pt",
+        "unreadable checkpoint: truncated or corrupt file",
+        "allowed: auto, never",
+    ),
+    case(
+        "missing_checkpoint", "train", "train.resume={files}/nope.pt", "nope.pt", "no such file", "allowed: auto, never"
+    ),
+    case(
+        "checkpoint_of_other_config",
+        "train",
+        "train.resume={ckpt} model.d_model=64",
+        "train.resume=",
+        "checkpoint is of another config",
+        "model.d_model: 32 -> 64",
+    ),
+    case(
+        "resume_into_run_dir_of_other_config",
+        "train",
+        "hydra.run.dir={finished_copy} model.d_model=64",
+        "checkpoint is of another config",
+        "model.d_model: 32 -> 64",
+    ),
+    case(
+        "restart_over_finished_run",
+        "train",
+        "hydra.run.dir={finished_copy} train.resume=never",
+        "hydra.run.dir=",
+        "already holds a finished run",
+        "use a new run directory",
+    ),
     # --- analysis, study, cost
     case("report_empty_dir", "report", "{out}/empty --out {out}/report", "no runs found under", "empty"),
-    case("report_unknown_by", "report", "{runs} --out {out}/report --by norm.nmae", "--by norm.nmae",
-         "unknown config key", "keys that vary: norm.name"),
-    case("report_bad_baseline", "report", "{runs} --out {out}/report --baseline norm.name=batchnorm",
-         "--baseline norm.name=batchnorm", "no run has that value", "layernorm, rmsnorm"),
+    case(
+        "report_unknown_by",
+        "report",
+        "{runs} --out {out}/report --by norm.nmae",
+        "--by norm.nmae",
+        "unknown config key",
+        "keys that vary: norm.name",
+    ),
+    case(
+        "report_bad_baseline",
+        "report",
+        "{runs} --out {out}/report --baseline norm.name=batchnorm",
+        "--baseline norm.name=batchnorm",
+        "no run has that value",
+        "layernorm, rmsnorm",
+    ),
     case("study_unknown", "study", "no_such_study", "study='no_such_study'", "allowed:", "norm_2x2"),
-    case("study_bad_override", "study", "norm_2x2 --out {out}/sweep debug=smoke data.cache_dir={cache} "
-         "model.n_heads=3", "model.n_heads=3", "must divide model.d_model"),
+    case(
+        "study_bad_override",
+        "study",
+        "norm_2x2 --out {out}/sweep debug=smoke data.cache_dir={cache} model.n_heads=3",
+        "model.n_heads=3",
+        "must divide model.d_model",
+    ),
     case("cost_unknown_group_option", "cost", "norm=rmsnrom", "norm='rmsnrom'", "allowed: layernorm, none, rmsnorm"),
 ]
 
 
 def command(c: Case, inputs: Inputs, tmp_path: Path) -> list[str]:
-    fill = {"cache": inputs.cache, "ckpt": str(inputs.ckpt), "files": str(inputs.files), "runs": str(inputs.runs),
-            "out": str(tmp_path), "finished_copy": str(tmp_path / "finished")}
+    fill = {
+        "cache": inputs.cache,
+        "ckpt": str(inputs.ckpt),
+        "files": str(inputs.files),
+        "runs": str(inputs.runs),
+        "out": str(tmp_path),
+        "finished_copy": str(tmp_path / "finished"),
+    }
     args = [a.format(**fill) for a in c.args]
     if c.tool == "train":
         base = ["debug=smoke", f"hydra.run.dir={tmp_path / 'run'}"]
@@ -163,8 +275,11 @@ def command(c: Case, inputs: Inputs, tmp_path: Path) -> list[str]:
 
 def snapshot(root: Path) -> dict[str, bytes]:
     """Every file of the run record under root (Hydra's .hydra/ copy and logs aside)."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*")
-            if p.is_file() and ".hydra" not in p.parts and p.suffix != ".log"}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and ".hydra" not in p.parts and p.suffix != ".log"
+    }
 
 
 def assert_nothing_finished(tmp_path: Path, before: dict[str, bytes]) -> None:
@@ -227,15 +342,27 @@ def _mixed_studies(inputs: Inputs, root: Path) -> None:
 
 
 DAMAGED = [
-    pytest.param(_truncated_metrics, ["cut: metrics.jsonl: skipped its last line (truncated write)"],
-                 id="truncated_metrics"),
-    pytest.param(_missing_summary, ["killed: no summary.json (killed early?); status incomplete",
-                                    "| killed | ", "| incomplete |"], id="missing_summary"),
+    pytest.param(
+        _truncated_metrics, ["cut: metrics.jsonl: skipped its last line (truncated write)"], id="truncated_metrics"
+    ),
+    pytest.param(
+        _missing_summary,
+        ["killed: no summary.json (killed early?); status incomplete", "| killed | ", "| incomplete |"],
+        id="missing_summary",
+    ),
     # decided: build the report; never pool across the extra axes: the summary names both studies and the size
     # difference, and every comparison is made within a context that fixes model.d_model
-    pytest.param(_mixed_studies, ["Study: a, b.", "Varied: model.d_model = 32, 64.", "study (a, b)",
-                                  "| model.d_model=32, norm.placement=pre | rmsnorm |",
-                                  "| model.d_model=64, norm.name=layernorm | post |"], id="mixed_studies"),
+    pytest.param(
+        _mixed_studies,
+        [
+            "Study: a, b.",
+            "Varied: model.d_model = 32, 64.",
+            "study (a, b)",
+            "| model.d_model=32, norm.placement=pre | rmsnorm |",
+            "| model.d_model=64, norm.name=layernorm | post |",
+        ],
+        id="mixed_studies",
+    ),
 ]
 
 
@@ -253,8 +380,18 @@ def test_damaged_or_mixed_runs_still_make_a_report(make, expect, inputs: Inputs,
 
 def test_mixed_studies_are_flagged_in_the_summary(inputs: Inputs, tmp_path: Path) -> None:
     _mixed_studies(inputs, tmp_path / "runs")
-    out = run_cli([sys.executable, "-m", "analysis.report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep"),
-                   "--by", "norm.name"])
+    out = run_cli(
+        [
+            sys.executable,
+            "-m",
+            "analysis.report",
+            str(tmp_path / "runs"),
+            "--out",
+            str(tmp_path / "rep"),
+            "--by",
+            "norm.name",
+        ]
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = (tmp_path / "rep" / "report.md").read_text().split("## 1.")[0]
     warning = [line for line in summary.splitlines() if "differ in more than the compared" in line]
@@ -267,11 +404,19 @@ def test_refused_resume_leaves_hydra_copy_alone(inputs: Inputs, tmp_path: Path) 
     hydra_dir.mkdir(exist_ok=True)  # the fixture ran train() in-process: give it Hydra's copy as a CLI run has
     (hydra_dir / "overrides.yaml").write_text("- debug=smoke\n")
     before = {p.name: p.read_bytes() for p in hydra_dir.iterdir()}
-    out = run_cli([sys.executable, "-m", "lm_ablate.train", "debug=smoke", f"data.cache_dir={inputs.cache}",
-                   f"hydra.run.dir={run_dir}", "model.d_model=64"])
+    out = run_cli(
+        [
+            sys.executable,
+            "-m",
+            "lm_ablate.train",
+            "debug=smoke",
+            f"data.cache_dir={inputs.cache}",
+            f"hydra.run.dir={run_dir}",
+            "model.d_model=64",
+        ]
+    )
     assert out.returncode == 2 and "checkpoint is of another config" in out.stderr
     assert {p.name: p.read_bytes() for p in hydra_dir.iterdir()} == before
-
 
 
 # ----------------------------------------------------- sweeps: every arm is validated before any job is launched
@@ -363,9 +508,7 @@ def test_good_multirun_runs_every_arm(inputs: Inputs, tmp_path: Path) -> None:
     out = multirun(inputs, tmp_path, "train.eval_every=2", "train.probe_every=0", "train.peak_flops=1e12",
                    "norm=layernorm,rmsnorm")  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    statuses = [
-        json.loads((tmp_path / "sweep" / str(i) / M.SUMMARY_FILE).read_text())[M.STATUS] for i in range(2)
-    ]
+    statuses = [json.loads((tmp_path / "sweep" / str(i) / M.SUMMARY_FILE).read_text())[M.STATUS] for i in range(2)]
     assert statuses == [M.STATUS_COMPLETED] * 2
 
 

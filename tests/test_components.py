@@ -156,7 +156,9 @@ def _ffn(name, d=48, **kw):
     return ACTIVATIONS.build(OmegaConf.structured(ActivationConfig(name=name, **kw)), d)
 
 
-@pytest.mark.parametrize("name, act", [("relu", torch.relu), ("gelu", lambda t: 0.5 * t * (1 + torch.erf(t / math.sqrt(2))))])
+@pytest.mark.parametrize(
+    "name, act", [("relu", torch.relu), ("gelu", lambda t: 0.5 * t * (1 + torch.erf(t / math.sqrt(2))))]
+)
 def test_ungated_ffn_matches_formula(name, act):
     ffn = _ffn(name, bias=True)
     x = torch.randn(2, 3, 48)

@@ -108,4 +108,7 @@ def test_cost_command_prints_params_and_flops():
     assert f"{cost.flops_per_token:,.0f}" in text
     # independent count for the tiny llama: FLOPs/token = 6 N_matmul + 12 L H hd T, N_matmul = non-embedding
     m = cfg.model
-    assert cost.flops_per_token == 6 * cost.params_non_embedding + 12 * m.n_layers * m.n_heads * (m.d_model // m.n_heads) * m.context
+    assert (
+        cost.flops_per_token
+        == 6 * cost.params_non_embedding + 12 * m.n_layers * m.n_heads * (m.d_model // m.n_heads) * m.context
+    )

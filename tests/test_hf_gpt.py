@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ PRESETS = ["original", "gpt2", "gptj", "neox", "opt_postln", "bloom", "palm"]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def config(*overrides: str) -> DictConfig:
     return compose(list(overrides))
 
@@ -43,38 +44,73 @@ def sizes(**kw: Any) -> dict[str, Any]:
 
 
 def opt_config(**kw: Any) -> Any:
-    shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=256,
-                 max_position_embeddings=CONTEXT, word_embed_proj_dim=64, pad_token_id=1)
+    shape = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        ffn_dim=256,
+        max_position_embeddings=CONTEXT,
+        word_embed_proj_dim=64,
+        pad_token_id=1,
+    )
     return hf.OPTConfig(**sizes(**(shape | kw)))
 
 
 # name -> (factory, rows the HF model holds that ours has no use for: OPT's 2 offset position rows x d)
 FAMILIES: dict[str, tuple[Callable[[], nn.Module], int]] = {
-    "gpt2": (lambda: hf.GPT2LMHeadModel(hf.GPT2Config(**sizes(n_embd=64, n_layer=2, n_head=4, n_positions=CONTEXT))), 0),
+    "gpt2": (
+        lambda: hf.GPT2LMHeadModel(hf.GPT2Config(**sizes(n_embd=64, n_layer=2, n_head=4, n_positions=CONTEXT))),
+        0,
+    ),
     "gpt2_unscaled_relu": (
         lambda: hf.GPT2LMHeadModel(
-            hf.GPT2Config(**sizes(n_embd=64, n_layer=2, n_head=4, n_positions=CONTEXT, n_inner=96,
-                                  scale_attn_weights=False, activation_function="relu"))
+            hf.GPT2Config(
+                **sizes(
+                    n_embd=64,
+                    n_layer=2,
+                    n_head=4,
+                    n_positions=CONTEXT,
+                    n_inner=96,
+                    scale_attn_weights=False,
+                    activation_function="relu",
+                )
+            )
         ),
         0,
     ),
     "gptj": (
-        lambda: hf.GPTJForCausalLM(hf.GPTJConfig(**sizes(n_embd=64, n_layer=2, n_head=4, n_positions=CONTEXT, rotary_dim=4))),
+        lambda: hf.GPTJForCausalLM(
+            hf.GPTJConfig(**sizes(n_embd=64, n_layer=2, n_head=4, n_positions=CONTEXT, rotary_dim=4))
+        ),
         0,
     ),
     "neox": (
         lambda: hf.GPTNeoXForCausalLM(
-            hf.GPTNeoXConfig(**sizes(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=256, max_position_embeddings=CONTEXT))
+            hf.GPTNeoXConfig(
+                **sizes(
+                    hidden_size=64,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    intermediate_size=256,
+                    max_position_embeddings=CONTEXT,
+                )
+            )
         ),
         0,
     ),
     "neox_serial": (
         lambda: hf.GPTNeoXForCausalLM(
-            hf.GPTNeoXConfig(**sizes(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                                     max_position_embeddings=CONTEXT, use_parallel_residual=False,
-                                     rope_parameters={"rope_type": "default", "rope_theta": 1000.0,
-                                                      "partial_rotary_factor": 0.5}))
+            hf.GPTNeoXConfig(
+                **sizes(
+                    hidden_size=64,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    intermediate_size=128,
+                    max_position_embeddings=CONTEXT,
+                    use_parallel_residual=False,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5},
+                )
+            )
         ),
         0,
     ),
@@ -144,23 +180,33 @@ def test_alibi_slopes_match_bloom(heads):
         (lambda: hf.OPTForCausalLM(opt_config(word_embed_proj_dim=32)), "word_embed_proj_dim"),
         (lambda: hf.OPTForCausalLM(opt_config(layer_norm_elementwise_affine=False)), "layer_norm_elementwise_affine"),
         (
-            lambda: hf.GPT2LMHeadModel(hf.GPT2Config(**sizes(n_embd=64, n_layer=1, n_head=4, n_positions=CONTEXT,
-                                                             scale_attn_by_inverse_layer_idx=True))),
+            lambda: hf.GPT2LMHeadModel(
+                hf.GPT2Config(
+                    **sizes(n_embd=64, n_layer=1, n_head=4, n_positions=CONTEXT, scale_attn_by_inverse_layer_idx=True)
+                )
+            ),
             "scale_attn_by_inverse_layer_idx",
         ),
         (
-            lambda: hf.GPT2LMHeadModel(hf.GPT2Config(**sizes(n_embd=64, n_layer=1, n_head=4, n_positions=CONTEXT,
-                                                             activation_function="quick_gelu"))),
+            lambda: hf.GPT2LMHeadModel(
+                hf.GPT2Config(
+                    **sizes(n_embd=64, n_layer=1, n_head=4, n_positions=CONTEXT, activation_function="quick_gelu")
+                )
+            ),
             "activation_function",
         ),
         (
-            lambda: hf.BloomForCausalLM(hf.BloomConfig(**sizes(hidden_size=64, n_layer=1, n_head=4,
-                                                               apply_residual_connection_post_layernorm=True))),
+            lambda: hf.BloomForCausalLM(
+                hf.BloomConfig(
+                    **sizes(hidden_size=64, n_layer=1, n_head=4, apply_residual_connection_post_layernorm=True)
+                )
+            ),
             "apply_residual_connection_post_layernorm",
         ),
         (
-            lambda: hf.GPTJForCausalLM(hf.GPTJConfig(**sizes(n_embd=64, n_layer=1, n_head=4, n_positions=CONTEXT,
-                                                             rotary_dim=3))),
+            lambda: hf.GPTJForCausalLM(
+                hf.GPTJConfig(**sizes(n_embd=64, n_layer=1, n_head=4, n_positions=CONTEXT, rotary_dim=3))
+            ),
             "rotary_dim",
         ),
     ],
@@ -183,27 +229,79 @@ def test_from_hf_dispatches_on_model_type():
 
 # key -> value each preset fixes (sizes are not among them: they stay from the model group)
 EXPECTED: dict[str, dict[str, Any]] = {
-    "original": {"norm.name": "layernorm", "norm.placement": "post", "position.name": "sinusoidal",
-                 "activation.name": "relu", "activation.bias": True, "attention.bias": True,
-                 "regularization.dropout": 0.1, "model.tie_embeddings": True, "model.embed_scale": True},
-    "gpt2": {"norm.placement": "pre", "norm.bias": True, "position.name": "learned", "activation.name": "gelu",
-             "activation.approximate": "tanh", "activation.bias": True, "attention.bias": True,
-             "regularization.dropout": 0.1, "model.tie_embeddings": True},
-    "gptj": {"model.block": "parallel", "model.parallel_norms": 1, "position.name": "rope",
-             "position.fraction": 0.25, "position.layout": "interleaved", "activation.approximate": "tanh",
-             "activation.bias": True, "attention.bias": False, "model.tie_embeddings": False,
-             "model.head_bias": True},
-    "neox": {"model.block": "parallel", "model.parallel_norms": 2, "position.fraction": 0.25,
-             "position.layout": "half", "activation.approximate": "none", "attention.bias": True,
-             "activation.bias": True, "model.tie_embeddings": False, "model.head_bias": False},
-    "opt_postln": {"norm.placement": "post", "position.name": "learned", "activation.name": "relu",
-                   "activation.bias": True, "attention.bias": True, "model.tie_embeddings": True},
-    "bloom": {"position.name": "alibi", "model.embed_norm": True, "activation.approximate": "tanh",
-              "activation.bias": True, "attention.bias": True, "model.tie_embeddings": True},
-    "palm": {"model.block": "parallel", "model.parallel_norms": 1, "activation.name": "swiglu",
-             "position.name": "rope", "attention.n_kv_heads": 1, "attention.bias": False,
-             "activation.bias": False, "norm.bias": False, "model.tie_embeddings": True,
-             "regularization.z_loss": 1e-4},
+    "original": {
+        "norm.name": "layernorm",
+        "norm.placement": "post",
+        "position.name": "sinusoidal",
+        "activation.name": "relu",
+        "activation.bias": True,
+        "attention.bias": True,
+        "regularization.dropout": 0.1,
+        "model.tie_embeddings": True,
+        "model.embed_scale": True,
+    },
+    "gpt2": {
+        "norm.placement": "pre",
+        "norm.bias": True,
+        "position.name": "learned",
+        "activation.name": "gelu",
+        "activation.approximate": "tanh",
+        "activation.bias": True,
+        "attention.bias": True,
+        "regularization.dropout": 0.1,
+        "model.tie_embeddings": True,
+    },
+    "gptj": {
+        "model.block": "parallel",
+        "model.parallel_norms": 1,
+        "position.name": "rope",
+        "position.fraction": 0.25,
+        "position.layout": "interleaved",
+        "activation.approximate": "tanh",
+        "activation.bias": True,
+        "attention.bias": False,
+        "model.tie_embeddings": False,
+        "model.head_bias": True,
+    },
+    "neox": {
+        "model.block": "parallel",
+        "model.parallel_norms": 2,
+        "position.fraction": 0.25,
+        "position.layout": "half",
+        "activation.approximate": "none",
+        "attention.bias": True,
+        "activation.bias": True,
+        "model.tie_embeddings": False,
+        "model.head_bias": False,
+    },
+    "opt_postln": {
+        "norm.placement": "post",
+        "position.name": "learned",
+        "activation.name": "relu",
+        "activation.bias": True,
+        "attention.bias": True,
+        "model.tie_embeddings": True,
+    },
+    "bloom": {
+        "position.name": "alibi",
+        "model.embed_norm": True,
+        "activation.approximate": "tanh",
+        "activation.bias": True,
+        "attention.bias": True,
+        "model.tie_embeddings": True,
+    },
+    "palm": {
+        "model.block": "parallel",
+        "model.parallel_norms": 1,
+        "activation.name": "swiglu",
+        "position.name": "rope",
+        "attention.n_kv_heads": 1,
+        "attention.bias": False,
+        "activation.bias": False,
+        "norm.bias": False,
+        "model.tie_embeddings": True,
+        "regularization.z_loss": 1e-4,
+    },
 }
 
 

@@ -98,7 +98,7 @@ def test_converted_model_reproduces_hf_logits(model_type):
     ours, cfg = convert(hf)
     assert not ours.training and cfg.choices["arch"] == model_type
     assert_same_logits(hf, ours)
-    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731  (a tied matrix counted once)
+    n = lambda m: sum(p.numel() for p in m.parameters())
     assert n(ours) == n(hf)
 
 
@@ -159,22 +159,50 @@ def test_from_hf_dispatches_to_the_family():
 
 # what each family fixes (spot checks); sizes are not among them
 FIXED: dict[str, dict[str, Any]] = {
-    "llama": {"norm.name": "rmsnorm", "norm.placement": "pre", "position.name": "rope",
-              "activation.name": "swiglu", "attention.n_kv_heads": 2, "attention.qk_norm": "none",
-              "model.tie_embeddings": False, "position.theta": 5e5},
-    "mistral": {"norm.placement": "pre", "attention.window": 64, "attention.global_every": 0,
-                "attention.n_kv_heads": 2, "position.theta": 1e4},
-    "qwen3": {"attention.qk_norm": "per_head", "position.theta": 1e6, "model.tie_embeddings": True,
-              "attention.bias": False, "norm.eps": 1e-6},
-    "gemma2": {"norm.placement": "sandwich", "norm.unit_offset": True, "activation.name": "geglu",
-               "activation.approximate": "tanh", "model.embed_scale": True, "model.tie_embeddings": True,
-               "attention.softcap": 50.0, "model.logit_softcap": 30.0, "attention.window": 64,
-               "attention.global_every": 2},
-    "olmo2": {"norm.placement": "reordered", "attention.qk_norm": "whole", "attention.n_kv_heads": None,
-              "position.theta": 5e5},
+    "llama": {
+        "norm.name": "rmsnorm",
+        "norm.placement": "pre",
+        "position.name": "rope",
+        "activation.name": "swiglu",
+        "attention.n_kv_heads": 2,
+        "attention.qk_norm": "none",
+        "model.tie_embeddings": False,
+        "position.theta": 5e5,
+    },
+    "mistral": {
+        "norm.placement": "pre",
+        "attention.window": 64,
+        "attention.global_every": 0,
+        "attention.n_kv_heads": 2,
+        "position.theta": 1e4,
+    },
+    "qwen3": {
+        "attention.qk_norm": "per_head",
+        "position.theta": 1e6,
+        "model.tie_embeddings": True,
+        "attention.bias": False,
+        "norm.eps": 1e-6,
+    },
+    "gemma2": {
+        "norm.placement": "sandwich",
+        "norm.unit_offset": True,
+        "activation.name": "geglu",
+        "activation.approximate": "tanh",
+        "model.embed_scale": True,
+        "model.tie_embeddings": True,
+        "attention.softcap": 50.0,
+        "model.logit_softcap": 30.0,
+        "attention.window": 64,
+        "attention.global_every": 2,
+    },
+    "olmo2": {
+        "norm.placement": "reordered",
+        "attention.qk_norm": "whole",
+        "attention.n_kv_heads": None,
+        "position.theta": 5e5,
+    },
 }
-SIZES = ("model.d_model", "model.n_layers", "model.n_heads", "model.head_dim", "model.context",
-         "activation.d_ff")
+SIZES = ("model.d_model", "model.n_layers", "model.n_heads", "model.head_dim", "model.context", "activation.d_ff")
 
 
 def get(cfg: Any, key: str) -> Any:

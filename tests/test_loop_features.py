@@ -8,9 +8,8 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
-
 from contextlib import nullcontext
+from pathlib import Path
 
 import pytest
 import torch
@@ -40,7 +39,9 @@ def run(tmp_path: Path, cache_dir: str, name: str, *overrides: str) -> dict:
 def test_probes_are_logged_and_do_not_change_the_curve(tmp_path, cache_dir):
     run(tmp_path, cache_dir, "on", "train.probe_every=5", "regularization=dropout")
     run(tmp_path, cache_dir, "off", "train.probe_every=0", "regularization=dropout")
-    assert curve(tmp_path / "on") == curve(tmp_path / "off")  # observers read, under no_grad, and draw no random numbers
+    assert curve(tmp_path / "on") == curve(
+        tmp_path / "off"
+    )  # observers read, under no_grad, and draw no random numbers
     probed = [r for r in rows(tmp_path / "on") if M.LOGITS_MAX_ABS in r]
     assert [r[M.STEP] for r in probed] == [1, 5, 10, 15, 20]
     for layer in range(2):
@@ -59,15 +60,27 @@ def _model(*overrides: str) -> tuple[TransformerLM, torch.Tensor]:
     return model, torch.randint(0, 64, (3, 32))
 
 
-@pytest.mark.parametrize("overrides", [[], ["attention.window=8"], ["attention=gqa", "position=rope", "attention.qk_norm=per_head"],
-                                       ["model.block=parallel", "attention.softcap=5.0"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["attention.window=8"],
+        ["attention=gqa", "position=rope", "attention.qk_norm=per_head"],
+        ["model.block=parallel", "attention.softcap=5.0"],
+    ],
+)
 def test_probe_values_match_an_independent_computation(overrides):
     model, x = _model(*overrides)
     stats = forward_stats(model, x, nullcontext)
     captured: dict[int, tuple] = {}
-    hooks = [b.attn.register_forward_pre_hook(lambda m, a, i=i: captured.__setitem__(i, a)) for i, b in enumerate(model.blocks)]
+    hooks = [
+        b.attn.register_forward_pre_hook(lambda m, a, i=i: captured.__setitem__(i, a))
+        for i, b in enumerate(model.blocks)
+    ]
     outputs: dict[int, torch.Tensor] = {}
-    hooks += [b.register_forward_hook(lambda m, a, o, i=i: outputs.__setitem__(i, o)) for i, b in enumerate(model.blocks)]
+    hooks += [
+        b.register_forward_hook(lambda m, a, o, i=i: outputs.__setitem__(i, o)) for i, b in enumerate(model.blocks)
+    ]
     model.eval()
     with torch.no_grad():
         logits = model(x)
@@ -93,8 +106,14 @@ def test_probe_values_match_an_independent_computation(overrides):
 
 
 @pytest.mark.parametrize("side_pass", [False, True])
-@pytest.mark.parametrize("overrides", [[], ["attention=gqa", "position=rope", "attention.qk_norm=per_head"],
-                                       ["model.block=parallel", "attention.softcap=5.0"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["attention=gqa", "position=rope", "attention.qk_norm=per_head"],
+        ["model.block=parallel", "attention.softcap=5.0"],
+    ],
+)
 def test_step_probe_observes_the_training_forward(overrides, side_pass):
     """The loop's probe (observers inside the training forward, or the side pass used under compile) gives
     the values of the checked side pass above, on the step's first micro-batch, plus grad_stats after backward;
@@ -163,12 +182,33 @@ def test_two_process_ddp_matches_one_process(tmp_path, cache_dir):
     order (tolerance 1e-5 absolute on losses and gradient norms); only rank 0 writes the record."""
     common = [*TINY, "train.max_steps=12", "train.threads=1", f"data.cache_dir={cache_dir}", "train.probe_every=4"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "lm_ablate.train", *common, f"hydra.run.dir={tmp_path / 'one'}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    one = subprocess.run(
+        [sys.executable, "-m", "lm_ablate.train", *common, f"hydra.run.dir={tmp_path / 'one'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29561",
-                          "-m", "lm_ablate.train", *common, f"hydra.run.dir={tmp_path / 'two'}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_port=29561",
+            "-m",
+            "lm_ablate.train",
+            *common,
+            f"hydra.run.dir={tmp_path / 'two'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = rows(tmp_path / "one"), rows(tmp_path / "two")
     assert [r[M.STEP] for r in a] == [r[M.STEP] for r in b]  # rank 1 logged nothing
@@ -182,8 +222,15 @@ def test_compile_gives_the_same_curve(tmp_path, cache_dir):
     """With dropout too: compiled steps draw their masks from torch's RNG stream like eager ones
     (perf.compile_step); measured max difference 5e-7."""
     run(tmp_path, cache_dir, "eager", "train.max_steps=6", "train.probe_every=3", "regularization=dropout")
-    run(tmp_path, cache_dir, "compiled", "train.max_steps=6", "train.probe_every=3", "regularization=dropout",
-        "train.compile=true")
+    run(
+        tmp_path,
+        cache_dir,
+        "compiled",
+        "train.max_steps=6",
+        "train.probe_every=3",
+        "regularization=dropout",
+        "train.compile=true",
+    )
     assert curve(tmp_path / "eager") == pytest.approx(curve(tmp_path / "compiled"), abs=1e-5)
     assert any(M.layer_metric(0, M.MAX_ATTN_LOGIT) in r for r in rows(tmp_path / "compiled"))
 

@@ -33,8 +33,7 @@ IDS = [" ".join(v) for v in VARIANTS]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def config(*overrides: str) -> DictConfig:
     """``compose(["model=tiny", *overrides])``, once per test worker (Hydra takes ~0.2 s a call)."""
     return compose(["model=tiny", *overrides])
@@ -159,9 +158,7 @@ def test_norm_none_model_has_no_norm_parameters(variant):
     model = build("norm=none", *variant)
     with_norms = build("norm=layernorm", *variant)
     assert not any(isinstance(m, (nn.LayerNorm, nn.RMSNorm)) for m in model.modules())
-    norm_params = sum(
-        p.numel() for m in with_norms.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()
-    )
+    norm_params = sum(p.numel() for m in with_norms.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters())
     total = sum(p.numel() for p in model.parameters())
     assert total == sum(p.numel() for p in with_norms.parameters()) - norm_params
     for name, p in model.named_parameters():
@@ -181,7 +178,7 @@ def test_placement_follows_its_equation(placement):
     res = perturb(build_residual(norm_cfg(placement=placement), 8, 0.0, n_layers=6), 1.0)
     f = _sublayer()
     x = torch.randn(2, 4, 8) * 3 + 1
-    ln = lambda t, n: ln_ref(t, n.weight, n.bias)  # noqa: E731
+    ln = lambda t, n: ln_ref(t, n.weight, n.bias)
     expected = {
         "pre": lambda: x + f(ln(x, res.norm)),
         "post": lambda: ln(x + f(x), res.norm),
@@ -462,7 +459,8 @@ def test_init_switch_changes_logits(base, changed):
 
 
 EXTRA = [
-    ["norm=none"], ["norm=rmsnorm", "norm.unit_offset=true"],
+    ["norm=none"],
+    ["norm=rmsnorm", "norm.unit_offset=true"],
     ["model.output_init_std=0", "model.logit_softcap=5"],
 ]
 

@@ -269,9 +269,7 @@ def test_qk_norm_per_head_matches_hf_qwen3_attention():
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
 
-    config = Qwen3Config(
-        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=12, rms_norm_eps=1e-6
-    )
+    config = Qwen3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=12, rms_norm_eps=1e-6)
     config._attn_implementation = "eager"
     _check_against_hf(Qwen3Attention(config, 0).eval(), "per_head", head_dim=12)
 

@@ -22,9 +22,23 @@ STEPS = 240
 
 
 def command(run_dir: Path, cache_dir: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "lm_ablate.train", "model=tiny", "tracking=none", "regularization=dropout",
-            f"train.max_steps={STEPS}", "train.batch_size=8", "train.eval_every=40", "train.checkpoint_every=25",
-            "train.progress=false", "train.threads=1", f"data.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "lm_ablate.train",
+        "model=tiny",
+        "tracking=none",
+        "regularization=dropout",
+        f"train.max_steps={STEPS}",
+        "train.batch_size=8",
+        "train.eval_every=40",
+        "train.checkpoint_every=25",
+        "train.progress=false",
+        "train.threads=1",
+        f"data.cache_dir={cache_dir}",
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -36,8 +50,9 @@ def rows(run_dir: Path) -> list[dict]:
 
 
 def start(run_dir: Path, cache_dir: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(command(run_dir, cache_dir, *extra), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        command(run_dir, cache_dir, *extra), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def wait_for_rows(proc: subprocess.Popen, run_dir: Path, n: int, timeout: float = 120) -> None:
@@ -101,8 +116,9 @@ def test_preemption_signal_checkpoints_then_resumes(tmp_path, cache_dir, referen
 
 
 def _run(run_dir: Path, cache_dir: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(command(run_dir, cache_dir, "train.max_steps=30", *extra), cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        command(run_dir, cache_dir, "train.max_steps=30", *extra), cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_resume_guards(tmp_path, cache_dir):
@@ -112,7 +128,9 @@ def test_resume_guards(tmp_path, cache_dir):
     # another config into the same run directory
     other = _run(run_dir, cache_dir, "model.d_model=48")
     assert other.returncode == 2
-    assert other.stderr.strip().startswith("lm-ablate: error: train.resume=") and "model.d_model: 32 -> 48" in other.stderr
+    assert (
+        other.stderr.strip().startswith("lm-ablate: error: train.resume=") and "model.d_model: 32 -> 48" in other.stderr
+    )
     assert len(other.stderr.strip().splitlines()) == 1
     # a run directory with a record but no checkpoint
     for ckpt in list_checkpoints(run_dir):

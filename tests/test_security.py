@@ -20,13 +20,44 @@ from lm_ablate import metrics as M
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = "<script>alert(1)</script>"
-SAFE_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "ul", "li", "div", "table",
-             "thead", "tbody", "tr", "th", "td", "figure", "img", "figcaption", "details", "summary", "code"}
+SAFE_TAGS = {
+    "html",
+    "head",
+    "meta",
+    "title",
+    "style",
+    "body",
+    "h1",
+    "h2",
+    "h3",
+    "p",
+    "ul",
+    "li",
+    "div",
+    "table",
+    "thead",
+    "tbody",
+    "tr",
+    "th",
+    "td",
+    "figure",
+    "img",
+    "figcaption",
+    "details",
+    "summary",
+    "code",
+}
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 class CreatesMarker:
@@ -82,8 +113,10 @@ def test_malicious_checkpoint_is_refused_and_never_runs(kind, tmp_path, cache_di
 
 
 def test_no_secret_in_run_record_or_report(tmp_path, cache_dir):
-    secrets = {"WANDB_API_KEY": f"wandbsecret{uuid.uuid4().hex}{uuid.uuid4().hex[:8]}",  # 40 hex after the prefix
-               "HF_TOKEN": f"hf_secret{uuid.uuid4().hex}"}
+    secrets = {
+        "WANDB_API_KEY": f"wandbsecret{uuid.uuid4().hex}{uuid.uuid4().hex[:8]}",  # 40 hex after the prefix
+        "HF_TOKEN": f"hf_secret{uuid.uuid4().hex}",
+    }
     home = tmp_path / "home"
     home.mkdir()
     env = {**secrets, "HOME": str(home), "WANDB_CONFIG_DIR": str(home / "wandb_config"), "WANDB_MODE": "offline"}
@@ -91,12 +124,33 @@ def test_no_secret_in_run_record_or_report(tmp_path, cache_dir):
         env[var] = ""  # unset below: W&B then keeps its caches under the run directory, where we look
     env = {k: v for k, v in {**os.environ, **env}.items() if v != ""}
     run_dir, report = tmp_path / "run", tmp_path / "report"
-    out = subprocess.run([sys.executable, "-m", "lm_ablate.train", "debug=smoke", "train.max_steps=3",
-                          "tracking=wandb", "tracking.mode=offline", f"data.cache_dir={cache_dir}",
-                          f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lm_ablate.train",
+            "debug=smoke",
+            "train.max_steps=3",
+            "tracking=wandb",
+            "tracking.mode=offline",
+            f"data.cache_dir={cache_dir}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    rep = subprocess.run([sys.executable, "-m", "analysis.report", str(run_dir), "--out", str(report)], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=300)
+    rep = subprocess.run(
+        [sys.executable, "-m", "analysis.report", str(run_dir), "--out", str(report)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rep.returncode == 0, rep.stderr[-2000:]
 
     files = [p for root in (run_dir, report, home) for p in root.rglob("*") if p.is_file()]
@@ -113,8 +167,16 @@ def test_no_secret_in_run_record_or_report(tmp_path, cache_dir):
 
 def test_report_escapes_every_string(tmp_path, cache_dir):
     run_a = tmp_path / "runs" / "a"
-    out = cli("-m", "lm_ablate.train", "debug=smoke", "train.max_steps=2", f"data.cache_dir={cache_dir}",
-              f"hydra.run.dir={run_a}", f"study='{PAYLOAD}'", f"tracking.tags=['{PAYLOAD}']")
+    out = cli(
+        "-m",
+        "lm_ablate.train",
+        "debug=smoke",
+        "train.max_steps=2",
+        f"data.cache_dir={cache_dir}",
+        f"hydra.run.dir={run_a}",
+        f"study='{PAYLOAD}'",
+        f"tracking.tags=['{PAYLOAD}']",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     # a second arm whose config value, run name and error message carry markup too
     run_b = shutil.copytree(run_a, tmp_path / "runs" / "b", ignore=shutil.ignore_patterns("checkpoints"))

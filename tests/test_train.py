@@ -55,20 +55,43 @@ def test_same_seed_same_curve_other_seed_other_curve(tmp_path, cache_dir):
 
 
 def test_run_record(tmp_path, cache_dir):
-    summary = run(tmp_path, cache_dir, "norm=rmsnorm", "regularization=zloss", "train.log_every=2", "train.probe_every=0")
+    summary = run(
+        tmp_path, cache_dir, "norm=rmsnorm", "regularization=zloss", "train.log_every=2", "train.probe_every=0"
+    )
     run_dir = tmp_path / "run"
     saved = json.loads((run_dir / M.SUMMARY_FILE).read_text())
     assert saved == json.loads(json.dumps(summary))
-    for key in (M.STATUS, M.FINAL_VAL_LOSS, M.BEST_VAL_LOSS, M.GRAD_NORM_SPIKES, M.LOSS_SPIKES, M.MEAN_TOKENS_PER_SEC,
-                M.PARAMS_TOTAL, M.PARAMS_NON_EMBEDDING, M.STEPS, M.TOTAL_TOKENS, M.WALL_TIME_S):
+    for key in (
+        M.STATUS,
+        M.FINAL_VAL_LOSS,
+        M.BEST_VAL_LOSS,
+        M.GRAD_NORM_SPIKES,
+        M.LOSS_SPIKES,
+        M.MEAN_TOKENS_PER_SEC,
+        M.PARAMS_TOTAL,
+        M.PARAMS_NON_EMBEDDING,
+        M.STEPS,
+        M.TOTAL_TOKENS,
+        M.WALL_TIME_S,
+    ):
         assert saved[key] is not None, key
     assert saved[M.STEPS] == 20 and saved[M.TOTAL_TOKENS] == 20 * 4 * 32
     assert saved[M.PARAMS_NON_EMBEDDING] < saved[M.PARAMS_TOTAL]
     steps = [r[M.STEP] for r in rows(run_dir)]
     assert steps == [0] + list(range(2, 21, 2))  # the init eval, then every 2nd step (evals at 20 fall on it)
     train_row = rows(run_dir)[1]
-    for key in (M.TRAIN_LOSS, M.TRAIN_Z_LOSS, M.GRAD_NORM, M.LR, M.TOKENS_PER_SEC, M.STEP_TIME_MS,
-                M.SPIKE_GRAD_NORM, M.SPIKE_GRAD_NORM_COUNT, M.SPIKE_LOSS, M.SPIKE_LOSS_COUNT):
+    for key in (
+        M.TRAIN_LOSS,
+        M.TRAIN_Z_LOSS,
+        M.GRAD_NORM,
+        M.LR,
+        M.TOKENS_PER_SEC,
+        M.STEP_TIME_MS,
+        M.SPIKE_GRAD_NORM,
+        M.SPIKE_GRAD_NORM_COUNT,
+        M.SPIKE_LOSS,
+        M.SPIKE_LOSS_COUNT,
+    ):
         assert key in train_row, key
     assert train_row[M.TRAIN_Z_LOSS] > 0
     from omegaconf import OmegaConf
@@ -125,10 +148,19 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_bad_override_is_one_line_and_leaves_no_finished_run(tmp_path, cache_dir):
-    out = _cli("-m", "lm_ablate.train", "debug=smoke", "model.n_heads=3", f"hydra.run.dir={tmp_path / 'r'}",
-               f"data.cache_dir={cache_dir}", cwd=ROOT)
+    out = _cli(
+        "-m",
+        "lm_ablate.train",
+        "debug=smoke",
+        "model.n_heads=3",
+        f"hydra.run.dir={tmp_path / 'r'}",
+        f"data.cache_dir={cache_dir}",
+        cwd=ROOT,
+    )
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == ["lm-ablate: error: model.n_heads=3 is invalid: must divide model.d_model=32 (or set model.head_dim)"]
+    assert out.stderr.strip().splitlines() == [
+        "lm-ablate: error: model.n_heads=3 is invalid: must divide model.d_model=32 (or set model.head_dim)"
+    ]
     assert not (tmp_path / "r" / M.SUMMARY_FILE).exists()
 
 
@@ -137,11 +169,29 @@ def test_2x2_multirun_with_divergence_then_report(tmp_path, cache_dir):
     """A 2x2 sweep with 2 seeds gives 8 run records and a report with both comparisons; an extra arm with an
     absurd LR diverges without stopping the sweep."""
     sweep = tmp_path / "sweep"
-    out = _cli("-m", "lm_ablate.train", "--multirun", "norm=layernorm,rmsnorm", "norm.placement=pre,post",
-               "seed=0,1", *TINY, f"data.cache_dir={cache_dir}", f"hydra.sweep.dir={sweep}", cwd=ROOT)
+    out = _cli(
+        "-m",
+        "lm_ablate.train",
+        "--multirun",
+        "norm=layernorm,rmsnorm",
+        "norm.placement=pre,post",
+        "seed=0,1",
+        *TINY,
+        f"data.cache_dir={cache_dir}",
+        f"hydra.sweep.dir={sweep}",
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    diverging = _cli("-m", "lm_ablate.train", "--multirun", "optim.lr=1e30,1e-3", *TINY, f"data.cache_dir={cache_dir}",
-                     f"hydra.sweep.dir={tmp_path / 'lr'}", cwd=ROOT)
+    diverging = _cli(
+        "-m",
+        "lm_ablate.train",
+        "--multirun",
+        "optim.lr=1e30,1e-3",
+        *TINY,
+        f"data.cache_dir={cache_dir}",
+        f"hydra.sweep.dir={tmp_path / 'lr'}",
+        cwd=ROOT,
+    )
     assert diverging.returncode == 0, diverging.stderr[-2000:]
     statuses = [json.loads((tmp_path / "lr" / str(i) / M.SUMMARY_FILE).read_text())[M.STATUS] for i in range(2)]
     assert statuses == [M.STATUS_DIVERGED, M.STATUS_COMPLETED]
@@ -164,8 +214,18 @@ def test_2x2_multirun_with_divergence_then_report(tmp_path, cache_dir):
 @pytest.mark.slow
 def test_joblib_launcher(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
-    out = _cli("-m", "lm_ablate.train", "--multirun", "hydra/launcher=local_parallel", "norm=layernorm,rmsnorm",
-               "train.threads=1", *TINY, f"data.cache_dir={cache_dir}", f"hydra.sweep.dir={sweep}", cwd=ROOT)
+    out = _cli(
+        "-m",
+        "lm_ablate.train",
+        "--multirun",
+        "hydra/launcher=local_parallel",
+        "norm=layernorm,rmsnorm",
+        "train.threads=1",
+        *TINY,
+        f"data.cache_dir={cache_dir}",
+        f"hydra.sweep.dir={sweep}",
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(list(sweep.glob(f"*/{M.SUMMARY_FILE}"))) == 2
 
@@ -182,5 +242,17 @@ def test_every_arch_preset_trains_through_the_loop(tmp_path, cache_dir, arch):
 
 
 def test_arch_presets_cover_the_families():
-    assert set(ARCHS) >= {"original", "gpt2", "gptj", "neox", "opt_postln", "bloom", "palm", "llama", "mistral",
-                          "qwen3", "gemma2", "olmo2"}
+    assert set(ARCHS) >= {
+        "original",
+        "gpt2",
+        "gptj",
+        "neox",
+        "opt_postln",
+        "bloom",
+        "palm",
+        "llama",
+        "mistral",
+        "qwen3",
+        "gemma2",
+        "olmo2",
+    }

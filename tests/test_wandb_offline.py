@@ -18,9 +18,7 @@ from analysis.wandb_offline import find_run_files, iter_records, read_history, r
 STEPS = 50
 CONFIG = {"norm": {"name": "rmsnorm", "placement": "pre"}, "optim": {"lr": 0.003}}
 BLOB = "x" * 100_000  # a >32 KiB summary value, so one record spans FIRST/MIDDLE/LAST chunks
-HOME_WANDB_PATHS = [
-    Path.home() / p for p in (".config/wandb", ".cache/wandb", ".local/share/wandb", ".netrc")
-]
+HOME_WANDB_PATHS = [Path.home() / p for p in (".config/wandb", ".cache/wandb", ".local/share/wandb", ".netrc")]
 
 
 def _metrics(step: int) -> dict[str, float]:

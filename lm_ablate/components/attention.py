@@ -93,9 +93,7 @@ class CausalSelfAttention(nn.Module):
     def explicit(self) -> bool:
         return self.softcap is not None or self.force_explicit
 
-    def mask(
-        self, n_q: int, n_k: int, bias: Tensor | None, device: torch.device, dtype: torch.dtype
-    ) -> Tensor:
+    def mask(self, n_q: int, n_k: int, bias: Tensor | None, device: torch.device, dtype: torch.dtype) -> Tensor:
         """Additive [n_q, n_k] ([H, n_q, n_k] with a bias): the bias where i - window < j <= i, else -inf."""
         distance = relative_distance(n_q, n_k, device)  # i - j
         seen = distance >= 0

@@ -17,7 +17,7 @@ as is). An explicit ``d_ff`` is used as given, for both kinds.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch.nn.functional as F
 from torch import Tensor, nn

@@ -20,7 +20,7 @@ Adding a placement touches only this file: subclass ``Residual``, name its norms
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn

@@ -183,9 +183,10 @@ def t5_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
     max_distance, and everything farther lands in the last bucket."""
     d = distance.clamp(min=0)
     exact = num_buckets // 2
-    log_spaced = exact + (
-        torch.log(d.clamp(min=1).float() / exact) / math.log(max_distance / exact) * (num_buckets - exact)
-    ).long()
+    log_spaced = (
+        exact
+        + (torch.log(d.clamp(min=1).float() / exact) / math.log(max_distance / exact) * (num_buckets - exact)).long()
+    )
     return torch.where(d < exact, d, log_spaced.clamp(max=num_buckets - 1))
 
 

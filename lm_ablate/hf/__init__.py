@@ -10,7 +10,8 @@ Each supported family registers a converter in ``CONVERTERS`` under its transfor
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from omegaconf import DictConfig
 

@@ -42,7 +42,7 @@ Weights are copied into an fp32 model whatever the HF dtype.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -108,7 +108,7 @@ def dropouts(embedding: float, attention: float, residual: float) -> list[str]:
     ]
 
 
-def rope_fraction(hf_config: Any, field: str, rotary_dims: Optional[int], hd: int) -> float:
+def rope_fraction(hf_config: Any, field: str, rotary_dims: int | None, hd: int) -> float:
     """``position.fraction`` for ``rotary_dims`` rotated dims per head (checked here to name the HF field)."""
     if rotary_dims is None or not 2 <= rotary_dims <= hd or rotary_dims % 2:
         raise unsupported(hf_config, field, rotary_dims, f"rotated dims: even, in [2, head_dim={hd}]")
@@ -146,7 +146,7 @@ def block_norms(block: nn.Module) -> tuple[str, str]:
 
 
 def input_projections(
-    model: TransformerLM, i: int, qkv_w: Tensor, qkv_b: Optional[Tensor], up_w: Tensor, up_b: Optional[Tensor]
+    model: TransformerLM, i: int, qkv_w: Tensor, qkv_b: Tensor | None, up_w: Tensor, up_b: Tensor | None
 ) -> Weights:
     """Attention's [q; k; v] rows and the FFN input rows of block ``i``: one fused matrix when the block
     shares a norm between its sublayers (``fused``), else each in its own Linear; the biases always live
@@ -307,4 +307,3 @@ def bloom(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
         )
         w |= linear(p + "attn.out", a.dense) | linear(p + "ffn.down", h.mlp.dense_4h_to_h)
     return finish(model, cfg, w | norm("final_norm", t.ln_f) | head(hf_model))
-

@@ -40,8 +40,9 @@ Gemma rounds its sqrt(d_model) embedding scale to the weight dtype first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -106,7 +107,7 @@ def window_pattern(hf: Any) -> Overrides:
     if window is None or not any(local):
         return {"attention.window": None, "attention.global_every": 0}
     for every in [0, *range(2, len(local) + 1)]:
-        if all(is_local == (every == 0 or (l + 1) % every != 0) for l, is_local in enumerate(local)):
+        if all(is_local == (every == 0 or (i + 1) % every != 0) for i, is_local in enumerate(local)):
             return {"attention.window": int(window), "attention.global_every": every}
     raise ValueError(
         f"hf layer_types={types} is not representable: lm-ablate makes layer l global iff "
