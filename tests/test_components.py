@@ -69,6 +69,39 @@ def test_pre_and_post_placement_follow_their_equations():
     assert pre(x, f).var(-1, unbiased=False).sub(1).abs().max() > 0.1
 
 
+@pytest.mark.parametrize("placement", ["pre", "post", "sandwich", "reordered", "deepnorm", "rezero", "none"])
+def test_residual_dropout_sits_on_the_branch_output(placement):
+    """Every placement's equation (components/placement.py) with the residual dropout D on the sublayer's
+    output, before it joins the stream; the same seed gives D the same mask in the module and here.
+    DeepNorm's alpha = (2N)^(1/4) (Wang et al. 2022) scales the stream, not the branch."""
+    cfg = OmegaConf.structured(NormConfig(name="layernorm", placement=placement))
+    res = _randomize(build_residual(cfg, 8, 0.5, n_layers=6)).train()
+    x = torch.randn(2, 4, 8) * 3 + 1
+    f = _randomize(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8)))
+    alpha = (2 * 6) ** 0.25
+
+    def ln(t, norm):
+        return F.layer_norm(t, (8,), norm.weight, norm.bias, 1e-5)
+
+    def D(t):
+        torch.manual_seed(7)
+        return F.dropout(t, 0.5, training=True)
+
+    expected = {
+        "pre": lambda: x + D(f(ln(x, res.norm))),
+        "post": lambda: ln(x + D(f(x)), res.norm),
+        "sandwich": lambda: x + D(ln(f(ln(x, res.norm)), res.post_norm)),
+        "reordered": lambda: x + D(ln(f(x), res.norm)),
+        "deepnorm": lambda: ln(alpha * x + D(f(x)), res.norm),
+        "rezero": lambda: x + res.alpha * D(f(x)),
+        "none": lambda: x + D(f(x)),
+    }[placement]()
+    torch.manual_seed(7)
+    out = res(x, f)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out, res.eval()(x, f), atol=1e-3)  # the dropout did act
+
+
 def _attention(n_heads=4, n_kv=None, d=32, context=16):
     model = OmegaConf.structured(ModelConfig(name="t", d_model=d, n_heads=n_heads, context=context))
     cfg = OmegaConf.structured(AttentionConfig(name="mha", n_kv_heads=n_kv))
@@ -100,17 +133,43 @@ def test_attention_matches_explicit_softmax(n_kv):
     torch.testing.assert_close(attn(x, NoPosition(None, model)), _reference_attention(attn, x), atol=1e-5, rtol=1e-5)
 
 
-def test_gqa_with_all_kv_heads_is_mha_and_fewer_heads_change_output():
+@pytest.mark.parametrize("explicit", [False, True])  # SDPA with enable_gqa, and the written-out path
+def test_gqa_with_all_kv_heads_is_mha_and_fewer_heads_change_output(explicit):
     torch.manual_seed(1)
     mha, model = _attention(n_kv=None)
-    gqa, _ = _attention(n_kv=4)
-    gqa.load_state_dict(mha.state_dict())
     x = torch.randn(2, 16, 32)
     pos = NoPosition(None, model)
-    torch.testing.assert_close(mha(x, pos), gqa(x, pos))
-    mqa, _ = _attention(n_kv=1)
-    assert mqa.qkv.weight.shape[0] == 32 + 2 * 8  # fewer K/V parameters
-    assert sum(p.numel() for p in mqa.parameters()) < sum(p.numel() for p in mha.parameters())
+    y_mha = mha(x, pos)
+    w_q, w_k, w_v = mha.qkv.weight.detach().split(mha.split, dim=0)
+
+    def heads(w: torch.Tensor) -> torch.Tensor:  # [head, head_dim, d_model]: 4 heads of 8 dims
+        return w.view(4, 8, 32)
+
+    for n_kv in (4, 2, 1):
+        attn, _ = _attention(n_kv=n_kv)
+        attn.force_explicit = explicit
+        assert attn.qkv.weight.shape[0] == 32 + 2 * n_kv * 8  # K/V projections shrink with the heads
+        # K/V head g is MHA's head g * group; query head h reads K/V head h // group (Ainslie et al. 2023)
+        group = 4 // n_kv
+        kept = torch.arange(0, 4, group)
+        with torch.no_grad():
+            kv = [heads(w)[kept].reshape(-1, 32) for w in (w_k, w_v)]
+            attn.qkv.weight.copy_(torch.cat([w_q, *kv]))
+            attn.out.weight.copy_(mha.out.weight)
+        # the same as MHA whose K/V heads are those kept heads, each repeated for its group of queries
+        shared, _ = _attention(n_kv=None)
+        with torch.no_grad():
+            repeated = [heads(w)[kept.repeat_interleave(group)].reshape(-1, 32) for w in (w_k, w_v)]
+            shared.qkv.weight.copy_(torch.cat([w_q, *repeated]))
+            shared.out.weight.copy_(mha.out.weight)
+        y = attn(x, pos)
+        torch.testing.assert_close(y, shared(x, pos), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(y, _reference_attention(attn, x), atol=1e-5, rtol=1e-5)
+        if n_kv == 4:  # all K/V heads: MHA itself
+            torch.testing.assert_close(y, y_mha, atol=1e-6, rtol=1e-6)
+        else:  # fewer K/V heads, same queries: queries of a group now read their group's keys and values
+            assert not torch.allclose(y, y_mha, atol=1e-3)
+            assert sum(p.numel() for p in attn.parameters()) < sum(p.numel() for p in mha.parameters())
 
 
 @pytest.mark.parametrize("position", ["none", "rope"])

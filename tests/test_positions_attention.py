@@ -160,12 +160,38 @@ def test_rope_layouts_and_fractions_differ():
     ],
 )
 def test_alibi_slopes_and_bias_match_paper(n_heads, expected):
-    alibi = _position("alibi", _model(d=8 * n_heads, n_heads=n_heads))
+    """Press et al. 2022: head h adds -m_h (i - j) to the logit of query i and key j. For future keys (j > i)
+    the scheme's formula gives +m_h (j - i); the causal mask hides them, so they get probability 0."""
+    model = _model(d=8 * n_heads, n_heads=n_heads)
+    alibi = _position("alibi", model)
     torch.testing.assert_close(alibi.slopes, torch.tensor(expected))
-    bias = alibi.score_bias(6, 6, torch.device("cpu"), torch.float32)
+    if n_heads in (4, 8):  # a power of two: the geometric sequence 2^(-8 h / n), h = 1..n
+        assert expected == [2 ** (-8 * h / n_heads) for h in range(1, n_heads + 1)]
+    cpu = torch.device("cpu")
+    bias = alibi.score_bias(6, 6, cpu, torch.float32)
     assert bias.shape == (n_heads, 6, 6)
-    for h, i, j in [(0, 5, 2), (n_heads - 1, 4, 0), (1, 3, 3)]:
-        assert bias[h, i, j].item() == pytest.approx(-expected[h] * (i - j))
+    for h, i, j in [(0, 5, 2), (n_heads - 1, 4, 0), (1, 1, 3), (n_heads - 1, 0, 5), (n_heads // 2, 2, 4)]:
+        assert i != j and bias[h, i, j].item() == pytest.approx(-expected[h] * (i - j))  # past and future keys
+    written = [[[-expected[h] * (i - j) for j in range(6)] for i in range(6)] for h in range(n_heads)]
+    torch.testing.assert_close(bias, torch.tensor(written))
+    # 2 queries over 6 keys (generation with a cache): the queries are positions 4 and 5
+    last = alibi.score_bias(2, 6, cpu, torch.float32)
+    torch.testing.assert_close(last, torch.tensor(written)[:, 4:])
+    # in attention: probabilities are softmax_j(scale q_i.k_j - m_h (i - j)) over j <= i, exactly 0 for j > i;
+    # read them out of both paths by attending to one-hot values (v_j = e_j)
+    attn = _attention(model)
+    q, k = torch.randn(1, n_heads, 6, 8), torch.randn(1, n_heads, 6, 8)
+    v = torch.eye(6).expand(1, n_heads, 6, 6)
+    want = torch.zeros(n_heads, 6, 6)
+    for h in range(n_heads):
+        for i in range(6):
+            logits = torch.stack([q[0, h, i] @ k[0, h, j] / math.sqrt(8) - expected[h] * (i - j) for j in range(i + 1)])
+            want[h, i, : i + 1] = logits.softmax(0)
+    for explicit in (False, True):
+        attn.force_explicit = explicit
+        probs = attn.attend(q, k, v, attn.mask(6, 6, bias, cpu, torch.float32), 0.0)[0]
+        torch.testing.assert_close(probs, want, atol=1e-6, rtol=1e-5)
+        assert (probs.triu(1) == 0).all()  # future keys: exactly zero, despite their positive bias
 
 
 # ---------------------------------------------------------------------------------------------- T5
