@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from lm_ablate import data as D
 from lm_ablate.config import DataConfig
 from lm_ablate.data import DataError, TokenData, check_length, get_batch, load_data, val_batches
+from lm_ablate.data.tokenizers import chunks
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE = ROOT / "lm_ablate" / "corpus" / "shakespeare.tar.xz"
@@ -97,6 +98,19 @@ def test_shakespeare_yaml_holds_out_whole_works(tmp_path: Path) -> None:
         assert (middle in val) == (work in val_works) and (middle in train) == (work not in val_works), work
 
 
+def test_default_corpus_tokens_and_key_are_those_of_the_former_single_string_rule(tmp_path: Path) -> None:
+    """The default study's numbers rest on these ids: byte = the UTF-8 bytes of SEP.join(works) of each split,
+    as before the streaming cache; the key is unchanged too, so caches made before stay valid."""
+    cfg = yaml_cfg("shakespeare", tmp_path)
+    d = load_data(cfg)
+    works = D.shakespeare_works()
+    val_works = sorted(cfg.val_works)
+    train_text = "\n\n".join(works[w] for w in sorted(works) if w not in val_works)
+    assert as_text(d.train) == train_text.encode("utf-8") and d.train.dtype == np.uint16
+    assert as_text(d.val) == "\n\n".join(works[w] for w in val_works).encode("utf-8")
+    assert d.key == "72f6c082f10ceaf62079"  # the key of this entry at commit 9bcf2e2 (lm_ablate/data.py)
+
+
 def test_byte_tokenizer_round_trip() -> None:
     tok = D.ByteTokenizer()
     text = "To be, or not to be — ça, 世界!\n"
@@ -117,12 +131,28 @@ def test_bpe_deterministic_and_lossless() -> None:
     ids = a.encode(sample)
     assert a.decode(ids) == sample
     # encoding in ~64k-char chunks (hamlet makes 3) must equal encoding the whole string at once
-    assert len(D._chunks(sample)) >= 3 and ids.tolist() == a.tok.encode(sample).ids
-    assert len(D._chunks(sample, size=100)) > 10 and "".join(D._chunks(sample, size=100)) == sample
+    assert len(chunks(sample)) >= 3 and ids.tolist() == a.tok.encode(sample).ids
+    assert len(chunks(sample, size=100)) > 10 and "".join(chunks(sample, size=100)) == sample
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_bpe_tokenizer_sample_trains_on_the_first_bytes_only(tmp_path: Path) -> None:
+    path = tmp_path / "two_halves.txt"
+    early = [f"the cat sat on the mat {i}" for i in range(300)]
+    late = [f"zyzzyva quokka zyzzyva {i}" for i in range(300)]
+    path.write_text("\n\n".join(early + late))
+    sampled = load_data(hf_cfg(tmp_path, path, tokenizer="bpe", vocab_size=300, tokenizer_sample=4000))
+    whole = load_data(hf_cfg(tmp_path, path, tokenizer="bpe", vocab_size=300))
+    assert sampled.key != whole.key and sampled.tokenizer.path != whole.tokenizer.path
+    assert len(sampled.tokenizer.encode(" the")) == 1 and len(sampled.tokenizer.encode(" zyzzyva")) >= 4
+    assert len(whole.tokenizer.encode(" zyzzyva")) == 1  # the counterfactual: trained on all of it, it merges
+    # both encode every training document (the sample only shapes the vocabulary), losslessly
+    train_docs = [d for i, d in enumerate(early + late) if (i + 1) % 20]  # val_fraction 0.05: every 20th held out
+    for d in (sampled, whole):
+        assert d.tokenizer.decode(d.train) == "<|endoftext|>".join(train_docs)
 
 
 def test_bpe_is_trained_on_the_training_split_only(tmp_path: Path) -> None:
@@ -153,8 +183,8 @@ def test_second_load_hits_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     def boom(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("re-tokenized despite a cache entry")
 
-    monkeypatch.setattr(D.ByteTokenizer, "encode", boom)
-    monkeypatch.setattr(D.ShakespeareSource, "documents", boom)
+    monkeypatch.setattr(D.ByteTokenizer, "encode_docs", boom)
+    monkeypatch.setattr(D.ShakespeareSource, "streams", boom)
     second = load_data(cfg)
     assert second.key == first.key and isinstance(second.train, np.memmap)
     assert np.array_equal(second.train, first.train) and np.array_equal(second.val, first.val)
@@ -176,7 +206,7 @@ def test_tokenizer_is_part_of_the_key_and_bpe_is_cached(tmp_path: Path, monkeypa
         raise AssertionError("BPE retrained or re-encoded despite the cache")
 
     monkeypatch.setattr(D.BPETokenizer, "train", boom)
-    monkeypatch.setattr(D.BPETokenizer, "encode", boom)
+    monkeypatch.setattr(D.BPETokenizer, "encode_docs", boom)
     again = load_data(hf_cfg(tmp_path, path, tokenizer="bpe", vocab_size=280))
     assert again.key == bpe.key and np.array_equal(again.train, bpe.train)
     assert again.tokenizer.decode(again.train[:5]) == bpe.tokenizer.decode(bpe.train[:5]) != ""
