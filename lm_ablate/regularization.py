@@ -22,14 +22,16 @@ class Regularizer:
         self.cfg = cfg
 
     def param_groups(self, model: nn.Module) -> list[dict]:
-        """Two AdamW groups. Decayed by default: matrices (ndim >= 2) except embedding tables.
-        Never decayed by default: norm gains, biases, embeddings (decaying a gain pulls it towards 0, not 1)."""
+        """Two optimizer groups, decayed and not. Decayed by default: matrices (ndim >= 2) except embedding tables.
+        Never decayed by default: norm gains, biases, embeddings (decaying a gain pulls it towards 0, not 1).
+        Each group also lists its parameters' names as ``model.named_parameters()`` gives them ("param_names",
+        which torch's optimizers keep): optimizers that split parameters by role (Muon) and the run record's
+        ``optimizer_params`` read them. A tied head is the embedding's tensor, listed once, as ``embed.weight``."""
         embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-        decay, no_decay, seen = [], [], set()
-        for p in model.parameters():
-            if id(p) in seen or not p.requires_grad:
+        decay, no_decay = ([], []), ([], [])  # (params, names)
+        for name, p in model.named_parameters():  # each tensor once, under its first name
+            if not p.requires_grad:
                 continue
-            seen.add(id(p))
             is_embedding = id(p) in embedding_ids
             if is_embedding:
                 wanted = self.cfg.decay_embeddings
@@ -37,10 +39,12 @@ class Regularizer:
                 wanted = True
             else:
                 wanted = self.cfg.decay_norms_and_biases
-            (decay if wanted else no_decay).append(p)
+            params, names = decay if wanted else no_decay
+            params.append(p)
+            names.append(name)
         return [
-            {"params": decay, "weight_decay": self.cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
+            {"params": decay[0], "param_names": decay[1], "weight_decay": self.cfg.weight_decay},
+            {"params": no_decay[0], "param_names": no_decay[1], "weight_decay": 0.0},
         ]
 
     def loss(self, logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
