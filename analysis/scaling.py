@@ -1,0 +1,842 @@
+"""Scaling fits per arm, compute multipliers against the baseline, and a held-out-rung check: numbers only.
+
+A study that trains every arm at several model sizes (the rungs of a ladder) asks whether a difference between
+arms survives scale. This module turns the runs of such a study into fits, intervals and warning codes; the
+report's Scaling section (analysis/scaling_report.py) turns them into words and figures.
+
+=====================  ========================================================  ==============================
+quantity               definition                                                source
+=====================  ========================================================  ==============================
+compute of a run       C = FLOPs/token × tokens; FLOPs/token = 6N + 12·L·H·d·T   PaLM (Chowdhery et al. 2022),
+                       (summary.json ``flops_per_token`` and ``tokens``)         appendix B
+loss curve of an arm   L(C) = E + A·C^(−α)                                       Hoffmann et al. 2022, eq. 2
+                                                                                 written in compute
+fit                    min Σ_runs Huber_δ(log L̂(C_i) − log L_i), δ = 1e-3,        Hoffmann et al. 2022,
+                       bounded parameters, best of a grid of starting points     approach 3 (appendix D.2)
+compute multiplier     CM(C) = L_base⁻¹(L_X(C)) / C: the compute the baseline     ("compute-equivalent gain");
+                       needs to reach the loss X reaches with C; CM > 1: X is    DESIGN.md
+                       better; +inf when L_X(C) ≤ E_base (never reached)
+interval               95% percentile bootstrap: seeds resampled within each     Efron & Tibshirani 1993;
+                       rung (modified residuals), every resample refitted        Davison & Hinkley 1997
+held-out error         |L̂₋(C_top) − L̄_top| / L̄_top, L̂₋ fitted without the arm's  Bhagia et al. 2024 (OLMo
+                       largest rung, L̄_top that rung's mean loss over seeds      ladder), section 3
+=====================  ========================================================  ==============================
+
+Which runs enter a fit. The size dimension is ``ladder.rung`` when the configs have it; otherwise model size,
+when the non-embedding parameter count differs between the values of a varied ``model.*`` shape axis
+(``--multirun model=tiny,small,medium``). Arms are the combinations of the other varied keys, leaving out the
+seed, the ``ladder.*`` keys, the keys a rung sets (SIZE_KEYS) and any key that takes one value per rung. When
+``optim.lr`` varies within an (arm, rung), that cell's runs at the LR with the lowest mean final loss over
+seeds are used (``RungData.lr``). Only completed runs with a finite loss and compute are fitted; the others
+become warnings.
+
+The fit. Every selected run is a point (a seed is a point, as in Hoffmann et al.). Compute is divided by a
+reference C_ref (the geometric mean of the arm's compute) while fitting so the three parameters (E, log A',
+α) have similar scales; A = A'·C_ref^α is reported in FLOPs. Bounds: 0 ≤ E ≤ max L, 1e-6·max L ≤ A' ≤
+1e3·max L, 1e-3 ≤ α ≤ 3. The minimiser is Levenberg–Marquardt on the Huber loss by iteratively reweighted
+least squares, projected onto the box, run on every bootstrap resample × starting point at once (one array
+of problems): an arm's 1000 resamples × 5 starts take about a second, where one scipy ``least_squares`` call
+per problem would take about a minute; tests/test_scaling.py checks it against scipy's
+``least_squares(loss="huber", f_scale=δ, bounds=...)``. The point fit starts from a 4 × 3 grid of (E, α).
+
+Bootstrap. Per rung, the runs of an (arm, rung) cell are sorted by seed and drawn with replacement, n from
+n. The draws are shared between arms (one uniform array per rung), so two arms that ran the same seeds at a
+rung are resampled by the same seeds: a compute multiplier's interval then keeps the seed-to-seed noise the
+arms share out of it, as a paired test does. A rung with one seed contributes no seed noise. Drawing n of n
+values has √((n−1)/n) of their spread (0.82 with 3 seeds), so each cell's log losses are first moved away from
+the cell mean by √(n/(n−1)) (Davison & Hinkley 1997, §6.2.3: modified residuals, leverage 1/n): on synthetic
+5-rung × 3-seed ladders this took the coverage of the multiplier's 95% interval from 80–87% to 85–95% (60
+simulated studies each; E, A, α: 87–97% before, 95–97% after).
+
+Compute multiplier, written so that identical fits give exactly 1:
+log CM(C) = [(α_X − α_b)·log C − (log A_X − log A_b) − log1p((E_X − E_b)·C^(α_X)/A_X)] / α_b.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.compare import (  # the report's private helpers too: one launch order, matching and sorting
+    LR_KEY,
+    Axis,
+    _launch_order,
+    _matches,
+    _sort_key,
+    find_axes,
+    fmt_value,
+    is_candidate,
+    parse_baseline,
+)
+from analysis.load import MISSING_VALUE, AnalysisError, RunSet
+from lm_ablate import metrics as M
+
+RUNG_KEY = "ladder.rung"
+LADDER_PREFIX = "ladder."
+# the keys a rung sets (the lead's ladder applies the shape and sets the token budget from the parameters)
+SIZE_KEYS = frozenset({"model.d_model", "model.n_layers", "model.n_heads", "train.max_tokens", "train.max_steps"})
+SHAPE_KEYS = frozenset({"model.name", "model.d_model", "model.n_layers", "model.n_heads"})  # no-ladder sizes
+NO_ARM = "all runs"  # the arm label when no other key varies
+
+HUBER_DELTA = 1e-3  # Hoffmann et al. 2022, appendix D.2
+CONFIDENCE = 0.95
+N_BOOT = 1000
+MIN_RUNGS_TO_FIT = 3  # three parameters
+MIN_RUNGS = 4  # fewer: a warning (and no held-out check, which needs three rungs left)
+HELD_OUT_GOAL = 0.02  # relative error the shipped CPU ladders aim for (issue 13)
+EXTRAPOLATE = (10.0, 100.0)  # multipliers are reported at these multiples of the largest rung's compute
+MAX_ITER = 500
+FTOL = 1e-13  # relative objective decrease below which a problem counts as converged
+CURVE_POINTS = 80
+
+# Box for (E, log A', alpha), A' = the excess loss at C_ref; bounds on E and A' scale with max loss.
+ALPHA_BOUNDS = (1e-3, 3.0)
+A_RANGE = (1e-6, 1e3)
+START_E = (0.0, 0.5, 0.8, 0.95)  # × min loss
+START_ALPHA = (0.1, 0.3, 0.8)
+PARAMS = ("E", "A", "alpha")
+
+# --- warning codes (ScalingWarning.code); the report words them -------------------------------------------
+W_NOT_COMPLETED = "not_completed"  # run_ids: runs in a (arm, rung) cell that did not complete (never fitted)
+W_NO_COMPUTE = "no_compute"  # run_ids: completed runs without flops_per_token × tokens
+W_NONFINITE_LOSS = "nonfinite_loss"  # run_ids: completed runs with a non-finite final val loss
+W_NO_RUNG = "no_rung"  # run_ids: runs without a usable ladder.rung (not placed on the ladder)
+W_NO_CONFIG = "no_config"  # run_ids: runs without a readable config (cannot be placed at all)
+W_FEW_RUNGS = "few_rungs"  # arm, value = rungs with data (< MIN_RUNGS)
+W_NOT_FITTED = "not_fitted"  # arm, value = rungs with data (< MIN_RUNGS_TO_FIT): no fit at all
+W_NON_MONOTONE = "non_monotone"  # arm, rung, value = mean loss, previous = the smaller rung's mean loss
+W_SINGLE_SEED = "single_seed"  # arm, rungs: rungs with one fitted run, which the bootstrap cannot vary
+W_AT_BOUND = "at_bound"  # arm, param: the fit sits on a bound of that parameter
+W_BOOT_FAILED = "bootstrap_failed"  # arm, value = fraction of resamples whose fit failed
+W_LR_AT_EDGE = "lr_at_edge"  # arm, rung, value = the chosen LR, at an end of that cell's grid
+W_HELD_OUT_SKIPPED = "held_out_skipped"  # arm, value = rungs (held-out needs MIN_RUNGS)
+W_HELD_OUT_ABOVE_GOAL = "held_out_above_goal"  # arm, value = relative error (> HELD_OUT_GOAL)
+W_NO_BASELINE_FIT = "no_baseline_fit"  # arm = the baseline: no compute multipliers
+W_CM_INFINITE = "cm_infinite"  # arm, value = compute: L_X(C) ≤ E_base (point estimate): CM = +inf
+W_BASELINE_NOT_ARM = "baseline_not_arm"  # value = the --baseline key, which is not an arm key here
+
+
+@dataclass(frozen=True)
+class ScalingWarning:
+    code: str
+    arm: str | None = None
+    rung: int | None = None
+    value: float | str | None = None
+    run_ids: tuple[str, ...] = ()
+    previous: float | None = None  # W_NON_MONOTONE: the mean loss of the next smaller rung
+    param: str | None = None  # W_AT_BOUND
+    rungs: tuple[int, ...] = ()  # W_SINGLE_SEED
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """L(C) = E + A·C^(−α), A in loss·FLOPs^α (kept as log A: A itself overflows for large α)."""
+
+    E: float
+    log_A: float
+    alpha: float
+
+    @property
+    def A(self) -> float:
+        return math.exp(self.log_A) if self.log_A < 700 else math.inf
+
+    def loss(self, compute: Any) -> np.ndarray:
+        c = np.asarray(compute, dtype=float)
+        return self.E + np.exp(self.log_A - self.alpha * np.log(c))
+
+    def compute_for(self, loss: Any) -> np.ndarray:
+        """The compute at which this curve reaches ``loss``: +inf at or below E."""
+        excess = np.asarray(loss, dtype=float) - self.E
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = np.exp((self.log_A - np.log(excess)) / self.alpha)
+        return np.where(excess > 0, out, np.inf)
+
+    def as_array(self) -> np.ndarray:
+        return np.array([self.E, self.log_A, self.alpha])
+
+
+@dataclass
+class RungData:
+    """The runs of one (arm, rung) cell that enter the fit, and the cell's bookkeeping."""
+
+    rung: int
+    label: str  # identifier: the rung index, or the size-axis value (model.name=small)
+    compute: float  # median C of the fitted runs
+    params: float  # median non-embedding parameters
+    run_ids: list[str]  # fitted runs, by seed
+    seeds: list[Any]
+    losses: np.ndarray  # final val loss of each fitted run
+    computes: np.ndarray  # C of each fitted run
+    lr: float | None = None  # the chosen LR when optim.lr varies within the cell
+    lr_grid: list[float] = field(default_factory=list)
+    n_runs: int = 0  # every run of the cell, fitted or not
+
+    @property
+    def mean_loss(self) -> float:
+        return float(np.mean(self.losses))
+
+
+@dataclass
+class HeldOut:
+    rung: int
+    compute: float
+    observed: float  # mean final loss over the rung's fitted runs
+    predicted: float  # the fit without this rung, at ``compute``
+    fit: PowerLaw
+    factor: float  # compute of the held-out rung / largest compute of the rest: how far the check extrapolated
+
+    @property
+    def rel_error(self) -> float:
+        return abs(self.predicted - self.observed) / self.observed
+
+    @property
+    def signed_error(self) -> float:
+        return (self.predicted - self.observed) / self.observed
+
+
+@dataclass
+class ArmFit:
+    arm: str  # identifier: "key=value, ..." over the arm keys
+    values: dict[str, Any]  # arm key -> config value
+    is_baseline: bool
+    rungs: list[RungData]
+    fit: PowerLaw | None = None
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # E, A, alpha -> (low, high)
+    boot: np.ndarray | None = None  # (n_boot, 3) of (E, log A, alpha); NaN rows: failed resamples
+    objective: float = math.nan
+    held_out: HeldOut | None = None
+    c_ref: float = math.nan
+
+    @property
+    def compute_range(self) -> tuple[float, float]:
+        c = [r.compute for r in self.rungs]
+        return (min(c), max(c)) if c else (math.nan, math.nan)
+
+
+@dataclass
+class Multiplier:
+    """CM of one arm against the baseline at one compute."""
+
+    arm: str
+    at: str  # "largest" (the arm's largest rung) or "10x", "100x" (multiples of it)
+    compute: float
+    cm: float  # point estimate (+inf: the baseline never reaches X's loss)
+    low: float
+    high: float
+    baseline_compute: float  # = cm × compute: what the baseline needs
+    infinite_fraction: float  # share of resamples with CM = +inf
+    beyond_data: bool  # C beyond X's largest rung, or the baseline compute outside the baseline's rungs
+    factor: float  # how far the farther of the two fits is extrapolated (×, 1 = inside the data)
+    validated_factor: float  # how far the held-out checks of both fits extrapolated (NaN: no check)
+
+    @property
+    def includes_one(self) -> bool:
+        return bool(self.low <= 1.0 <= self.high)
+
+    @property
+    def beyond_validated(self) -> bool:
+        return self.factor > 1.0 and not (self.factor <= self.validated_factor)
+
+
+@dataclass
+class MultiplierCurve:
+    arm: str
+    compute: np.ndarray
+    cm: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+
+
+@dataclass
+class ScalingStudy:
+    size: str  # the key(s) whose values are the rungs: RUNG_KEY, or model.* shape keys (ordered by parameters)
+    size_keys: list[str]  # keys that change with the rung (left out of arms)
+    arm_keys: list[str]
+    baseline: str
+    arms: list[ArmFit]
+    multipliers: list[Multiplier]
+    curves: list[MultiplierCurve]
+    warnings: list[ScalingWarning]
+    lr_selected: bool  # optim.lr varied within (arm, rung) cells: the best LR of each cell was used
+    n_boot: int
+    confidence: float
+    delta: float
+    rung_labels: dict[int, str] = field(default_factory=dict)  # rung -> identifier (index or size-axis value)
+
+    def arm(self, name: str) -> ArmFit:
+        return next(a for a in self.arms if a.arm == name)
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """One row per arm: fit, intervals, held-out check and compute multipliers (scaling.csv)."""
+        rows = []
+        for a in self.arms:
+            row: dict[str, Any] = {"arm": a.arm, "is_baseline": a.is_baseline, "n_rungs": len(a.rungs),
+                                   "n_runs": sum(len(r.run_ids) for r in a.rungs)}  # fmt: skip
+            row.update({f"arm.{k}": fmt_value(v) for k, v in a.values.items()})
+            fit = a.fit
+            for p in PARAMS:
+                row[p] = getattr(fit, p) if fit else math.nan
+                row[f"{p}_low"], row[f"{p}_high"] = a.intervals.get(p, (math.nan, math.nan))
+            row["c_min"], row["c_max"] = a.compute_range
+            h = a.held_out
+            row.update(
+                held_out_rung=h.rung if h else math.nan, held_out_compute=h.compute if h else math.nan,
+                held_out_observed=h.observed if h else math.nan, held_out_predicted=h.predicted if h else math.nan,
+                held_out_rel_error=h.rel_error if h else math.nan,
+                held_out_signed_error=h.signed_error if h else math.nan, held_out_factor=h.factor if h else math.nan,
+            )  # fmt: skip
+            for m in (m for m in self.multipliers if m.arm == a.arm):
+                row.update({f"cm_{m.at}_compute": m.compute, f"cm_{m.at}": m.cm, f"cm_{m.at}_low": m.low,
+                            f"cm_{m.at}_high": m.high, f"cm_{m.at}_includes_1": m.includes_one,
+                            f"cm_{m.at}_beyond_validated": m.beyond_validated})  # fmt: skip
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    @property
+    def rung_table(self) -> pd.DataFrame:
+        """One row per (arm, rung): the data each fit saw (scaling_rungs.csv)."""
+        rows = [
+            {"arm": a.arm, "rung": r.rung, "rung_label": r.label, "params_non_embedding": r.params,
+             "compute": r.compute, "n_runs": r.n_runs, "n_fitted": len(r.run_ids), "mean_loss": r.mean_loss,
+             "min_loss": float(np.min(r.losses)), "max_loss": float(np.max(r.losses)),
+             "fit_loss": float(a.fit.loss(r.compute)) if a.fit else math.nan,
+             "lr": r.lr if r.lr is not None else math.nan, "run_ids": " ".join(r.run_ids)}
+            for a in self.arms for r in a.rungs
+        ]  # fmt: skip
+        return pd.DataFrame(rows)
+
+
+# --- the fit --------------------------------------------------------------------------------------------
+def huber(r: np.ndarray, delta: float) -> np.ndarray:
+    """Huber_δ(r) = r²/2 for |r| ≤ δ, else δ(|r| − δ/2) (scipy's ``loss="huber"`` with ``f_scale=δ``)."""
+    a = np.abs(r)
+    return np.where(a <= delta, 0.5 * r * r, delta * (a - 0.5 * delta))
+
+
+def _model(theta: np.ndarray, logx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(log L̂, Jacobian) for problems ``theta`` (P, 3) = (E, log A', α) at log(C/C_ref) ``logx`` (n,)."""
+    E, a, alpha = theta[:, :1], theta[:, 1:2], theta[:, 2:3]
+    power = a - alpha * logx  # log of A'·x^(−α)
+    with np.errstate(divide="ignore"):
+        m = np.logaddexp(np.log(E), power)  # log(E + A' x^−α)
+    q = np.exp(-m)  # ∂m/∂E
+    p = np.exp(power - m)  # ∂m/∂log A'
+    return m, np.stack([q, p, -logx * p], axis=-1)
+
+
+def fit_batch(
+    logx: np.ndarray,
+    y: np.ndarray,
+    weights: np.ndarray,
+    starts: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    delta: float = HUBER_DELTA,
+    max_iter: int = MAX_ITER,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Minimise Σ_i w_i·Huber_δ(log L̂(x_i) − y_i) over θ = (E, log A', α) in the box [lo, hi], for P
+    problems at once (one per row of ``weights`` (P, n) and ``starts`` (P, 3)). Returns (θ (P, 3), objective
+    (P,)); a problem whose objective is not finite is NaN.
+
+    Levenberg–Marquardt on the iteratively reweighted least-squares model of the Huber loss (weights
+    w_i·min(1, δ/|r_i|): the gradient of that model is the Huber gradient), the step projected onto the box
+    and kept only if it lowers the Huber objective itself. A problem stops when an accepted step lowers the
+    objective by less than FTOL relative, or when the damping has grown past 1e10 (no step helps); only the
+    problems still running are computed.
+    """
+    theta = np.clip(np.asarray(starts, dtype=float), lo, hi)
+    w_all = np.asarray(weights, dtype=float)
+    m, J = _model(theta, logx)
+    r = m - y
+    f = (w_all * huber(r, delta)).sum(axis=1)
+    lam = np.full(len(theta), 1e-3)
+    active = np.flatnonzero(np.isfinite(f))
+    eye = np.eye(3)
+    for _ in range(max_iter):
+        if not len(active):
+            break
+        th, ra, Ja, fa, la, w = theta[active], r[active], J[active], f[active], lam[active], w_all[active]
+        omega = w * np.minimum(1.0, delta / np.maximum(np.abs(ra), 1e-300))
+        Jw = np.swapaxes(Ja, 1, 2) * omega[:, None, :]  # (P, 3, n)
+        g = np.matmul(Jw, ra[:, :, None])[:, :, 0]
+        H = np.matmul(Jw, Ja)
+        diag = np.diagonal(H, axis1=1, axis2=2)
+        damp = la[:, None] * (diag + 1e-12 * (diag.sum(axis=1, keepdims=True) + 1e-30))
+        step = -_solve(H + damp[:, :, None] * eye, g)
+        new = np.clip(th + step, lo, hi)
+        m_new, J_new = _model(new, logx)
+        r_new = m_new - y
+        f_new = (w * huber(r_new, delta)).sum(axis=1)
+        better = f_new < fa
+        theta[active] = np.where(better[:, None], new, th)
+        r[active] = np.where(better[:, None], r_new, ra)
+        J[active] = np.where(better[:, None, None], J_new, Ja)
+        f[active] = np.where(better, f_new, fa)
+        lam[active] = np.where(better, np.maximum(la / 3, 1e-12), la * 4)
+        done = (better & (fa - f_new <= FTOL * fa)) | (lam[active] > 1e10)
+        active = active[~done]
+    bad = ~np.isfinite(f)
+    theta[bad], f[bad] = np.nan, np.nan
+    return theta, f
+
+
+def _solve(H: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """H⁻¹g for a stack of 3×3 systems; the pseudo-inverse if one of them is singular."""
+    try:
+        return np.linalg.solve(H, g[:, :, None])[:, :, 0]
+    except np.linalg.LinAlgError:
+        return np.einsum("pkl,pl->pk", np.linalg.pinv(H), g)
+
+
+@dataclass
+class _Points:
+    """What one fit sees: compute, loss and rung of every fitted run, in (rung, seed) order."""
+
+    compute: np.ndarray
+    loss: np.ndarray
+    rung: np.ndarray  # rung of each point
+
+    @classmethod
+    def of(cls, rungs: Sequence[RungData]) -> _Points:
+        return cls(
+            np.concatenate([r.computes for r in rungs]),
+            np.concatenate([r.losses for r in rungs]),
+            np.concatenate([np.full(len(r.losses), r.rung) for r in rungs]),
+        )
+
+
+def _box(loss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    top = float(np.max(loss))
+    lo = np.array([0.0, math.log(A_RANGE[0] * top), ALPHA_BOUNDS[0]])
+    hi = np.array([top, math.log(A_RANGE[1] * top), ALPHA_BOUNDS[1]])
+    return lo, hi
+
+
+def _starts(logx: np.ndarray, loss: np.ndarray) -> np.ndarray:
+    """A grid of (E, α) with log A' set from the data for each: the median of log(L − E) + α·log x."""
+    low = float(np.min(loss))
+    out = []
+    for e in START_E:
+        E = e * low
+        excess = np.log(np.maximum(loss - E, 1e-3 * low))
+        for alpha in START_ALPHA:
+            out.append([E, float(np.median(excess + alpha * logx)), alpha])
+    return np.array(out)
+
+
+def _fit_points(
+    pts: _Points, weights: np.ndarray, delta: float, extra_start: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Best of the starting grid for each weight row (B, n): (θ raw (B, 3) = (E, log A, α), objective (B,),
+    C_ref). With ``extra_start`` (the point fit, raw units; for the bootstrap) the starts are it and the
+    grid's four corners: a resample lies near the data, and on the synthetic ladders of the tests every start
+    of the full grid reached the same optimum (to 1e-12 of the objective)."""
+    c_ref = float(np.exp(np.mean(np.log(pts.compute))))
+    logx = np.log(pts.compute / c_ref)
+    y = np.log(pts.loss)
+    starts = _starts(logx, pts.loss)
+    if extra_start is not None and np.isfinite(extra_start).all():
+        e, log_a, alpha = extra_start
+        corners = [i * len(START_ALPHA) + j for i in (0, len(START_E) - 1) for j in (0, len(START_ALPHA) - 1)]
+        starts = np.vstack([[e, log_a - alpha * math.log(c_ref), alpha], starts[corners]])
+    lo, hi = _box(pts.loss)
+    B, S = len(weights), len(starts)
+    theta, f = fit_batch(logx, y, np.repeat(weights, S, axis=0), np.tile(starts, (B, 1)), lo, hi, delta)
+    theta, f = theta.reshape(B, S, 3), f.reshape(B, S)
+    best = np.argmin(np.where(np.isfinite(f), f, np.inf), axis=1)
+    theta, f = theta[np.arange(B), best], f[np.arange(B), best]
+    raw = theta.copy()
+    raw[:, 1] = theta[:, 1] + theta[:, 2] * math.log(c_ref)  # log A = log A' + α log C_ref
+    return raw, f, c_ref
+
+
+def fit_power_law(compute: Any, loss: Any, delta: float = HUBER_DELTA) -> PowerLaw:
+    """L(C) = E + A·C^(−α) fitted to points (C_i, L_i): the fit every arm gets (see the module docstring)."""
+    c, y = np.asarray(compute, dtype=float), np.asarray(loss, dtype=float)
+    raw, _, _ = _fit_points(_Points(c, y, np.zeros(len(c))), np.ones((1, len(c))), delta)
+    return PowerLaw(*map(float, raw[0]))
+
+
+def log_multiplier(x: np.ndarray, base: np.ndarray, log_c: np.ndarray) -> np.ndarray:
+    """log CM of fits ``x`` against ``base`` ((..., 3) of (E, log A, α), broadcast) at log compute ``log_c``:
+    +inf where L_X(C) ≤ E_base. Exactly 0 when the two fits are equal."""
+    ex, ax, alx = x[..., 0], x[..., 1], x[..., 2]
+    eb, ab, alb = base[..., 0], base[..., 1], base[..., 2]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        gap = ex - eb
+        ratio = np.where(gap == 0, 0.0, gap * np.exp(alx * log_c - ax))  # (E_X − E_b) / (A_X C^−α_X)
+        out = ((alx - alb) * log_c - (ax - ab) - np.log1p(ratio)) / alb
+    return np.where(1.0 + ratio > 0, out, np.inf)
+
+
+def compute_multiplier(x: PowerLaw, base: PowerLaw, compute: Any) -> np.ndarray:
+    """CM(C) = L_base⁻¹(L_X(C)) / C; +inf where the baseline never reaches L_X(C)."""
+    log_c = np.log(np.asarray(compute, dtype=float))
+    return np.exp(log_multiplier(x.as_array(), base.as_array(), log_c))
+
+
+# --- the design: rungs, arms, baseline ------------------------------------------------------------------
+@dataclass
+class _Design:
+    size: str
+    size_keys: list[str]
+    rung_of: dict[str, int]
+    rung_label: dict[int, str]
+    arm_axes: list[Axis]
+    lr_grid: bool
+    warnings: list[ScalingWarning]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and float(v).is_integer()
+
+
+def _constant_within(rs: RunSet, key: str, rung_of: dict[str, int]) -> bool:
+    seen: dict[int, Any] = {}
+    return all(seen.setdefault(rung, rs.configs[r][key]) == rs.configs[r][key] for r, rung in rung_of.items())
+
+
+def _params(rs: RunSet) -> dict[str, float]:
+    col = pd.to_numeric(rs.runs[M.PARAMS_NON_EMBEDDING], errors="coerce")
+    return dict(zip(rs.runs["run_id"], col))
+
+
+def _design(rs: RunSet) -> _Design | None:
+    axes, varied, _, _ = find_axes(rs)
+    warnings: list[ScalingWarning] = []
+    run_ids = list(rs.configs)
+    if any(rs.configs[r].get(RUNG_KEY, MISSING_VALUE) != MISSING_VALUE for r in run_ids):
+        placed = [r for r in run_ids if _is_int(rs.configs[r].get(RUNG_KEY))]
+        if len(placed) < len(run_ids):
+            warnings.append(ScalingWarning(W_NO_RUNG, run_ids=tuple(r for r in run_ids if r not in placed)))
+        rung_of = {r: int(rs.configs[r][RUNG_KEY]) for r in placed}
+        label = {k: str(k) for k in set(rung_of.values())}
+        size = RUNG_KEY
+        size_keys = {k for k in varied if k.startswith(LADDER_PREFIX)} | (SIZE_KEYS & set(varied))
+    else:
+        params = _params(rs)
+        size_axes = []
+        for axis in axes:
+            if not set(axis.keys) & SHAPE_KEYS:
+                continue
+            by_value: dict[Any, list[float]] = {}
+            for r in run_ids:
+                by_value.setdefault(rs.configs[r][axis.name], []).append(params.get(r, math.nan))
+            medians = {float(np.median([p for p in v if math.isfinite(p)])) for v in by_value.values()
+                       if any(math.isfinite(p) for p in v)}  # fmt: skip
+            if len(medians) > 1:
+                size_axes.append(axis)
+        if not size_axes:
+            return None
+        names = [a.name for a in size_axes]
+        cells: dict[tuple, list[str]] = {}
+        for r in run_ids:
+            cells.setdefault(tuple(rs.configs[r][n] for n in names), []).append(r)
+        size_of = {v: [p for p in (params.get(r, math.nan) for r in members) if math.isfinite(p)]
+                   for v, members in cells.items()}  # fmt: skip
+        order = sorted(cells, key=lambda v: (float(np.median(size_of[v])) if size_of[v] else math.inf,
+                                             [_sort_key(x) for x in v]))  # fmt: skip
+        index = {v: i for i, v in enumerate(order)}
+        rung_of = {r: index[v] for v, members in cells.items() for r in members}
+        label = {i: ", ".join(f"{n}={fmt_value(x)}" for n, x in zip(names, v)) for i, v in enumerate(order)}
+        size = ", ".join(names)
+        size_keys = {k for a in size_axes for k in a.keys} | (SIZE_KEYS & set(varied))
+    if len(set(rung_of.values())) < 2:
+        return None
+    # any other key that takes one value per rung comes with the rung (a per-rung batch size or LR)
+    size_keys |= {k for k in varied if is_candidate(k) and _constant_within(rs, k, rung_of)}
+    lr_grid = LR_KEY in varied and LR_KEY not in size_keys
+    arm_axes = [a for a in axes if not set(a.keys) & size_keys and LR_KEY not in a.keys]
+    return _Design(size, sorted(size_keys), rung_of, label, arm_axes, lr_grid, warnings)
+
+
+def _arm_label(cfg: dict[str, Any], axes: list[Axis]) -> str:
+    return ", ".join(f"{a.label}={fmt_value(cfg[a.name])}" for a in axes) or NO_ARM
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def run_compute(rs: RunSet) -> dict[str, float]:
+    """C = flops_per_token × tokens per run. FLOPs/token comes from the runs table when the loader carries it
+    (``analysis.load.SUMMARY_KEYS``), else from the run directory's summary.json."""
+    tokens = dict(zip(rs.runs["run_id"], pd.to_numeric(rs.runs[M.TOTAL_TOKENS], errors="coerce")))
+    if M.FLOPS_PER_TOKEN in rs.runs.columns:
+        fpt = dict(zip(rs.runs["run_id"], pd.to_numeric(rs.runs[M.FLOPS_PER_TOKEN], errors="coerce")))
+    else:
+        fpt = {r: _summary_value(d, M.FLOPS_PER_TOKEN) for r, d in zip(rs.runs["run_id"], rs.runs["run_dir"])}
+    out = {}
+    for r in rs.runs["run_id"]:
+        c = _num(fpt.get(r)) * _num(tokens.get(r))
+        out[r] = c if math.isfinite(c) and c > 0 else math.nan
+    return out
+
+
+def _summary_value(run_dir: Any, key: str) -> float:
+    try:
+        return _num(json.loads((Path(str(run_dir)) / M.SUMMARY_FILE).read_text(encoding="utf-8")).get(key))
+    except (OSError, ValueError, AttributeError):
+        return math.nan
+
+
+# --- the study ------------------------------------------------------------------------------------------
+def scaling_study(
+    rs: RunSet,
+    baseline: str | None = None,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+    delta: float = HUBER_DELTA,
+    confidence: float = CONFIDENCE,
+) -> ScalingStudy | None:
+    """Fits, intervals, held-out checks and compute multipliers of every arm, or None when the runs do not
+    vary model size. ``baseline`` is the report's ``--baseline KEY=VALUE`` (default: the arm of the first
+    run launched). Raises :class:`AnalysisError` for a baseline value no run has."""
+    design = _design(rs)
+    if design is None:
+        return None
+    warnings = list(design.warnings)
+    status = dict(zip(rs.runs["run_id"], rs.runs[M.STATUS]))
+    loss = dict(zip(rs.runs["run_id"], pd.to_numeric(rs.runs[M.FINAL_VAL_LOSS], errors="coerce")))
+    params = _params(rs)
+    compute = run_compute(rs)
+    placed = sorted(design.rung_of, key=_launch_order)
+    arm_of = {r: _arm_label(rs.configs[r], design.arm_axes) for r in placed}
+    first = {arm_of[r]: rs.configs[r] for r in reversed(placed)}  # arm -> the config of its first run
+    values = {name: {a.name: cfg[a.name] for a in design.arm_axes} for name, cfg in first.items()}
+    base = _baseline(rs, baseline, design, arm_of, placed, warnings)
+    arm_names = [base] + sorted((a for a in first if a != base),
+                                key=lambda a: [_sort_key(v) for v in values[a].values()])  # fmt: skip
+
+    cells: dict[tuple[str, int], list[str]] = {}
+    for r in placed:
+        cells.setdefault((arm_of[r], design.rung_of[r]), []).append(r)
+    bad: dict[str, list[str]] = {W_NOT_COMPLETED: [], W_NO_COMPUTE: [], W_NONFINITE_LOSS: []}
+    arms: list[ArmFit] = []
+    for name in arm_names:
+        rungs = []
+        for rung in sorted({k for a, k in cells if a == name}):
+            members = sorted(cells[(name, rung)], key=lambda r: (_sort_key(rs.configs[r].get(M.SEED)), r))
+            cell = _cell(rs, design, name, rung, members, status, loss, compute, params, bad, warnings)
+            if cell is not None:
+                rungs.append(cell)
+        arms.append(ArmFit(name, values[name], name == base, rungs))
+    bad[W_NO_CONFIG] = [r for r in rs.runs["run_id"] if r not in rs.configs]
+    for code, ids in bad.items():
+        if ids:
+            warnings.append(ScalingWarning(code, run_ids=tuple(ids)))
+
+    draws = _draws(arms, n_boot, seed)
+    for arm in arms:
+        _fit_arm(arm, draws, delta, confidence, warnings)
+    multipliers, curves = _multipliers(arms, confidence, warnings)
+    return ScalingStudy(
+        design.size, design.size_keys, [a.name for a in design.arm_axes], base, arms, multipliers, curves,
+        warnings, design.lr_grid, n_boot, confidence, delta, design.rung_label,
+    )  # fmt: skip
+
+
+def _baseline(
+    rs: RunSet, spec: str | None, design: _Design, arm_of: dict[str, str], placed: list[str],
+    warnings: list[ScalingWarning],
+) -> str:  # fmt: skip
+    ids = sorted(placed, key=_launch_order)
+    parsed = parse_baseline(spec)
+    if parsed is not None:
+        key, text = parsed
+        if any(key in a.keys for a in design.arm_axes):
+            hits = [r for r in ids if _matches(rs.configs[r][key], text)]
+            if not hits:
+                raise AnalysisError(f"--baseline {key}={text}: no run of the scaling study has that value")
+            return arm_of[hits[0]]
+        warnings.append(ScalingWarning(W_BASELINE_NOT_ARM, value=key))
+    return arm_of[ids[0]]
+
+
+def _cell(
+    rs: RunSet, design: _Design, arm: str, rung: int, members: list[str], status: dict[str, str],
+    loss: dict[str, float], compute: dict[str, float], params: dict[str, float], bad: dict[str, list[str]],
+    warnings: list[ScalingWarning],
+) -> RungData | None:  # fmt: skip
+    """The runs of one (arm, rung) cell that enter the fit (at the cell's best LR when the LR varies)."""
+    ok = []
+    for r in members:
+        if status[r] != M.STATUS_COMPLETED:
+            bad[W_NOT_COMPLETED].append(r)
+        elif not math.isfinite(loss[r]):
+            bad[W_NONFINITE_LOSS].append(r)
+        elif not math.isfinite(compute[r]):
+            bad[W_NO_COMPUTE].append(r)
+        else:
+            ok.append(r)
+    if not ok:
+        return None
+    lr, grid = None, []
+    if design.lr_grid:
+        by_lr: dict[float, list[str]] = {}
+        for r in ok:
+            by_lr.setdefault(_num(rs.configs[r][LR_KEY]), []).append(r)
+        grid = sorted({_num(rs.configs[r][LR_KEY]) for r in members})
+        lr = min(by_lr, key=lambda v: (float(np.mean([loss[r] for r in by_lr[v]])), v))
+        ok = by_lr[lr]
+        if len(grid) > 1 and lr in (grid[0], grid[-1]):
+            warnings.append(ScalingWarning(W_LR_AT_EDGE, arm, rung, lr))
+    c = np.array([compute[r] for r in ok])
+    p = [params.get(r, math.nan) for r in ok]
+    return RungData(
+        rung, design.rung_label[rung], float(np.median(c)), float(np.nanmedian(p)) if np.isfinite(p).any() else math.nan,
+        ok, [rs.configs[r].get(M.SEED) for r in ok], np.array([loss[r] for r in ok]), c, lr, grid, len(members),
+    )  # fmt: skip
+
+
+def _draws(arms: list[ArmFit], n_boot: int, seed: int) -> dict[int, np.ndarray]:
+    """One (n_boot, n_max) uniform array per rung, shared by every arm (seeds paired by position)."""
+    rng = np.random.default_rng(seed)
+    width: dict[int, int] = {}
+    for a in arms:
+        for r in a.rungs:
+            width[r.rung] = max(width.get(r.rung, 0), len(r.run_ids))
+    return {rung: rng.random((n_boot, width[rung])) for rung in sorted(width)}
+
+
+def _spread(rungs: list[RungData]) -> _Points:
+    """The points the bootstrap resamples: each cell's log losses moved away from their cell mean by
+    √(n/(n−1)), so that drawing n of n has the seed variance of the data (Davison & Hinkley 1997, §6.2.3,
+    modified residuals: leverage 1/n in a cell)."""
+    pts = _Points.of(rungs)
+    out = []
+    for r in rungs:
+        y = np.log(r.losses)
+        n = len(y)
+        out.append(np.exp(y.mean() + math.sqrt(n / (n - 1)) * (y - y.mean())) if n > 1 else r.losses)
+    return _Points(pts.compute, np.concatenate(out), pts.rung)
+
+
+def _weights(rungs: list[RungData], draws: dict[int, np.ndarray]) -> np.ndarray:
+    """(n_boot, points): how often each fitted run is drawn when its rung's seeds are resampled."""
+    cols = []
+    for r in rungs:
+        n = len(r.run_ids)
+        pick = np.minimum((draws[r.rung][:, :n] * n).astype(int), n - 1)
+        cols.append((pick[:, :, None] == np.arange(n)).sum(axis=1))
+    return np.concatenate(cols, axis=1).astype(float)
+
+
+def _interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
+    """Percentile interval, no interpolation (so +inf resamples give +inf, never NaN); NaN values dropped."""
+    v = values[~np.isnan(values)]
+    if not len(v):
+        return math.nan, math.nan
+    q = (1 - confidence) / 2
+    low, high = np.quantile(v, [q, 1 - q], method="inverted_cdf")
+    return float(low), float(high)
+
+
+def _fit_arm(arm: ArmFit, draws: dict[int, np.ndarray], delta: float, confidence: float,
+             warnings: list[ScalingWarning]) -> None:  # fmt: skip
+    rungs = arm.rungs
+    if len(rungs) < MIN_RUNGS_TO_FIT:
+        warnings.append(ScalingWarning(W_NOT_FITTED, arm.arm, value=len(rungs)))
+        return
+    if len(rungs) < MIN_RUNGS:
+        warnings.append(ScalingWarning(W_FEW_RUNGS, arm.arm, value=len(rungs)))
+    for prev, r in zip(rungs, rungs[1:]):
+        if r.mean_loss >= prev.mean_loss:
+            warnings.append(ScalingWarning(W_NON_MONOTONE, arm.arm, r.rung, r.mean_loss, previous=prev.mean_loss))
+    single = tuple(r.rung for r in rungs if len(r.run_ids) == 1)
+    if single:
+        warnings.append(ScalingWarning(W_SINGLE_SEED, arm.arm, value=len(single), rungs=single))
+    pts = _Points.of(rungs)
+    raw, f, c_ref = _fit_points(pts, np.ones((1, len(pts.loss))), delta)
+    arm.fit, arm.objective, arm.c_ref = PowerLaw(*map(float, raw[0])), float(f[0]), c_ref
+    lo, hi = _box(pts.loss)
+    fitted = np.array([arm.fit.E, arm.fit.log_A - arm.fit.alpha * math.log(c_ref), arm.fit.alpha])
+    for i, name in enumerate(PARAMS):
+        if np.isclose(fitted[i], lo[i], rtol=1e-6, atol=1e-9) or np.isclose(fitted[i], hi[i], rtol=1e-6, atol=1e-9):
+            warnings.append(ScalingWarning(W_AT_BOUND, arm.arm, param=name, value=float(fitted[i])))
+    boot, _, _ = _fit_points(_spread(rungs), _weights(rungs, draws), delta, extra_start=arm.fit.as_array())
+    arm.boot = boot
+    failed = float(np.isnan(boot[:, 0]).mean())
+    if failed > 0:
+        warnings.append(ScalingWarning(W_BOOT_FAILED, arm.arm, value=failed))
+    cols = {"E": boot[:, 0], "A": np.exp(np.minimum(boot[:, 1], 700)), "alpha": boot[:, 2]}
+    arm.intervals = {p: _interval(cols[p], confidence) for p in PARAMS}
+    if len(rungs) < MIN_RUNGS:
+        warnings.append(ScalingWarning(W_HELD_OUT_SKIPPED, arm.arm, value=len(rungs)))
+        return
+    top, rest = rungs[-1], rungs[:-1]
+    raw_h, _, _ = _fit_points(_Points.of(rest), np.ones((1, sum(len(r.losses) for r in rest))), delta)
+    held = PowerLaw(*map(float, raw_h[0]))
+    arm.held_out = HeldOut(top.rung, top.compute, top.mean_loss, float(held.loss(top.compute)), held,
+                           top.compute / max(r.compute for r in rest))  # fmt: skip
+    if arm.held_out.rel_error > HELD_OUT_GOAL:
+        warnings.append(ScalingWarning(W_HELD_OUT_ABOVE_GOAL, arm.arm, top.rung, arm.held_out.rel_error))
+
+
+def _multipliers(arms: list[ArmFit], confidence: float,
+                 warnings: list[ScalingWarning]) -> tuple[list[Multiplier], list[MultiplierCurve]]:  # fmt: skip
+    base = arms[0]
+    others = [a for a in arms[1:] if a.fit is not None]
+    if base.fit is None:
+        if len(arms) > 1:
+            warnings.append(ScalingWarning(W_NO_BASELINE_FIT, base.arm))
+        return [], []
+    assert base.boot is not None
+    b_lo, b_hi = base.compute_range
+    out, curves = [], []
+    for arm in others:
+        assert arm.fit is not None and arm.boot is not None
+        lo, hi = arm.compute_range
+        validated = _validated(arm, base)
+        at = [("largest", hi)] + [(f"{k:g}x", k * hi) for k in EXTRAPOLATE]
+        for label, c in at:
+            log_c = math.log(c)
+            point = float(log_multiplier(arm.fit.as_array(), base.fit.as_array(), np.array(log_c)))
+            boot = log_multiplier(arm.boot, base.boot, np.full(len(arm.boot), log_c))
+            boot = np.where(np.isnan(arm.boot[:, 0]) | np.isnan(base.boot[:, 0]), np.nan, boot)
+            low, high = _interval(boot, confidence)
+            cm = math.exp(point) if point < 700 else math.inf
+            base_c = c * cm
+            factor = max(c / hi, base_c / b_hi, b_lo / base_c if base_c > 0 else math.inf, 1.0)
+            ok = boot[~np.isnan(boot)]
+            out.append(Multiplier(
+                arm.arm, label, c, cm, _exp(low), _exp(high), base_c,
+                float(np.isinf(ok).mean()) if len(ok) else math.nan,
+                bool(c > hi * (1 + 1e-9) or base_c > b_hi * (1 + 1e-9) or base_c < b_lo * (1 - 1e-9)), factor, validated,
+            ))  # fmt: skip
+            if math.isinf(cm):
+                warnings.append(ScalingWarning(W_CM_INFINITE, arm.arm, value=c))
+        grid = np.geomspace(lo, hi * max(EXTRAPOLATE), CURVE_POINTS)
+        log_g = np.log(grid)
+        point = log_multiplier(arm.fit.as_array(), base.fit.as_array(), log_g)
+        boot = log_multiplier(arm.boot[:, None, :], base.boot[:, None, :], log_g[None, :])
+        failed = np.isnan(arm.boot[:, 0]) | np.isnan(base.boot[:, 0])
+        boot[failed] = np.nan
+        band = np.array([_interval(boot[:, j], confidence) for j in range(len(grid))])
+        curves.append(MultiplierCurve(arm.arm, grid, _exp(point), _exp(band[:, 0]), _exp(band[:, 1])))
+    return out, curves
+
+
+def _validated(arm: ArmFit, base: ArmFit) -> float:
+    """How far beyond its data each fit was checked (held-out factor); the smaller of the two, NaN if either
+    has no held-out check."""
+    if arm.held_out is None or base.held_out is None:
+        return math.nan
+    return min(arm.held_out.factor, base.held_out.factor)
+
+
+def _exp(x: Any) -> Any:
+    with np.errstate(over="ignore"):
+        out = np.exp(np.asarray(x, dtype=float))
+    return float(out) if out.ndim == 0 else out

@@ -1,0 +1,164 @@
+"""Figures of a scaling study: final loss against training compute per arm, and the compute multiplier
+against compute.
+
+Both are single-panel log-log figures drawn with matplotlib's object API and encoded by
+:func:`analysis.plots._png`, like every other figure of the report. Only fitted runs are drawn (completed, at
+the chosen LR when the LR varies); the section's warnings list the rest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from analysis.plots import COLORS, MARKERS, PlotFigure, _legend_cols, _plain_log_ticks, _png, _style, _text
+from analysis.scaling import EXTRAPOLATE, ScalingStudy
+
+WIDTH, HEIGHT = 8.0, 4.6  # inches, before the legend rows
+FIT_POINTS = 200
+
+
+def _figure(labels: list[str], extra: int) -> Figure:
+    """One panel with room below for a legend of ``labels`` and ``extra`` entries (as plots._panels does)."""
+    lines = max([_text(label, 30).count("\n") + 1 for label in labels] + [1])
+    legend_rows = -(-(len(labels) + extra) // _legend_cols(WIDTH)) * lines
+    bottom = 0.6 + 0.22 * legend_rows
+    height = HEIGHT + bottom
+    fig = Figure(figsize=(WIDTH, height))
+    fig.subplots_adjust(left=0.75 / WIDTH, right=1 - 0.2 / WIDTH, top=1 - 0.55 / height, bottom=bottom / height)
+    return fig
+
+
+def _colors(study: ScalingStudy) -> dict[str, str]:
+    """One colour per arm, by its place in the study (the baseline first), the same in both figures."""
+    return {a.arm: COLORS[i % len(COLORS)] for i, a in enumerate(study.arms)}
+
+
+def _legend(fig: Figure, entries: list[tuple[str, str]], extra: list[Line2D]) -> None:
+    handles: list = [Patch(color=color, label=_text(label, 30)) for label, color in entries] + extra
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), fontsize=8, frameon=False,
+               ncols=min(len(handles), _legend_cols(fig.get_figwidth())))  # fmt: skip
+
+
+def loss_compute_figure(study: ScalingStudy) -> PlotFigure | None:
+    """Final validation loss against training compute, log-log: every fitted run, the mean of each rung, the
+    fit of each arm over its rungs (solid) and beyond them up to the largest multiple of EXTRAPOLATE
+    (dashed), and the held-out check's prediction of the largest rung."""
+    arms = [a for a in study.arms if a.rungs]
+    if not arms:
+        return None
+    color_of = _colors(study)
+    labels = [a.arm + (" (baseline)" if a.is_baseline else "") for a in arms]
+    extra = [
+        Line2D([], [], color="0.3", marker=".", ls="", alpha=0.5, label="one run"),
+        Line2D([], [], color="0.3", marker="o", ls="", label="mean over seeds"),
+        Line2D([], [], color="0.3", lw=1.5, label="fit over the rungs"),
+        Line2D([], [], color="0.3", lw=1.2, ls="--", label=f"fit extrapolated to {max(EXTRAPOLATE):g}×"),
+        Line2D([], [], color="0.3", marker="D", mfc="none", ls="", label="held-out prediction"),
+    ]
+    fig = _figure(labels, len(extra))
+    ax = fig.add_subplot()
+    ys: list[float] = []
+    for i, arm in enumerate(arms):
+        color, marker = color_of[arm.arm], MARKERS[i % len(MARKERS)]
+        c = np.concatenate([r.computes for r in arm.rungs])
+        y = np.concatenate([r.losses for r in arm.rungs])
+        ax.plot(c, y, ls="", marker=".", ms=5, color=color, alpha=0.5)
+        means = np.array([[r.compute, r.mean_loss] for r in arm.rungs])
+        ax.plot(means[:, 0], means[:, 1], ls="", marker=marker, ms=6, color=color, mec="white", mew=0.6, zorder=3)
+        ys += [float(y.min()), float(y.max())]
+        if arm.fit is not None:
+            lo, hi = arm.compute_range
+            inside = np.geomspace(lo, hi, FIT_POINTS)
+            beyond = np.geomspace(hi, hi * max(EXTRAPOLATE), FIT_POINTS)
+            ax.plot(inside, arm.fit.loss(inside), color=color, lw=1.5)
+            ax.plot(beyond, arm.fit.loss(beyond), color=color, lw=1.2, ls="--")
+            ys.append(float(arm.fit.loss(beyond[-1])))
+        if arm.held_out is not None:
+            h = arm.held_out
+            ax.plot(h.compute, h.predicted, marker="D", ms=7, mfc="none", mec=color, mew=1.3, ls="", zorder=4)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylim(min(ys) / 1.02, max(ys) * 1.02)
+    _plain_log_ticks(ax)
+    _style(ax, "", "training compute C = FLOPs/token × tokens (log)", "final val/loss (log)")
+    _legend(fig, [(label, color_of[a.arm]) for label, a in zip(labels, arms)], extra)
+    title = "Final validation loss vs training compute"
+    fig.suptitle(title, fontsize=11)
+    caption = (
+        f"Final validation loss against training compute (log-log), one colour per arm; the rungs are the values "
+        f"of {study.size}. "
+        "Small dots: every fitted run; large markers: the mean over seeds at each rung; solid: the fit "
+        "L(C) = E + A·C^(−α) over the arm's rungs; dashed: the same fit beyond the largest rung, up to "
+        f"{max(EXTRAPOLATE):g}× its compute; open diamond: the loss predicted for the largest rung by a fit "
+        "without it."
+        + (" Only each (arm, rung)'s runs at its best learning rate are drawn." if study.lr_selected else "")
+    )
+    return PlotFigure("scaling_loss-vs-compute", title, caption, _png(fig))
+
+
+def multiplier_figure(study: ScalingStudy) -> PlotFigure | None:
+    """Compute multiplier of each arm against the baseline over compute, with its bootstrap band. The y range
+    holds every point estimate and the band over the arm's rungs; a band that widens beyond that (as it does
+    far out) runs off the panel. +inf point estimates (the baseline never reaches the arm's loss) are drawn as
+    triangles on the top edge."""
+    if not study.curves:
+        return None
+    color_of = _colors(study)
+    labels = [c.arm for c in study.curves]
+    infinite = any((~np.isfinite(c.cm)).any() for c in study.curves)
+    extra = [
+        Line2D([], [], color="0.3", lw=1.5, label="CM over the arm's rungs"),
+        Line2D([], [], color="0.3", lw=1.2, ls="--", label="extrapolated"),
+        Line2D([], [], color="0.3", lw=6, alpha=0.2, label=f"{study.confidence:.0%} bootstrap band"),
+    ] + ([Line2D([], [], color="0.3", marker="^", ls="", label="∞ (baseline never gets there)")] if infinite else [])
+    fig = _figure(labels, len(extra))
+    ax = fig.add_subplot()
+    core = [np.array([1.0])]
+    for c in study.curves:
+        inside = c.compute <= study.arm(c.arm).compute_range[1]
+        core += [c.cm, c.low[inside], c.high[inside]]
+    values = np.concatenate(core)
+    values = values[np.isfinite(values) & (values > 0)]
+    top, bottom = float(values.max()) * 2, float(values.min()) / 2
+    for curve in study.curves:
+        color = color_of[curve.arm]
+        data_hi = study.arm(curve.arm).compute_range[1]
+        shown = np.where(np.isfinite(curve.cm), curve.cm, np.nan)
+        inside = curve.compute <= data_hi
+        ax.plot(curve.compute[inside], shown[inside], color=color, lw=1.5)
+        beyond = np.r_[curve.compute[inside][-1:], curve.compute[~inside]]  # joined at the last point inside
+        ax.plot(beyond, np.r_[shown[inside][-1:], shown[~inside]], color=color, lw=1.2, ls="--")
+        span = (bottom / 10, top * 10)  # beyond the view, so the band's edge never shows at the panel's edge
+        low = np.clip(np.where(np.isfinite(curve.low), curve.low, span[1]), *span)
+        high = np.clip(np.where(np.isfinite(curve.high), curve.high, span[1]), *span)
+        ax.fill_between(curve.compute, low, high, color=color, alpha=0.18, lw=0)
+        inf = ~np.isfinite(curve.cm)
+        if inf.any():
+            ax.plot(curve.compute[inf], np.full(inf.sum(), top), ls="", marker="^", color=color, ms=5, clip_on=False)
+        ax.axvline(data_hi, color=color, lw=0.8, ls=":")
+    ax.axhline(1.0, color="0.2", lw=0.9)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylim(bottom, top)
+    _plain_log_ticks(ax)
+    _style(ax, "", "training compute C of the arm (log)", f"compute multiplier vs {study.baseline} (log)")
+    _legend(fig, [(label, color_of[label]) for label in labels], extra)
+    title = f"Compute multiplier vs {study.baseline}"
+    fig.suptitle(_text(title, 90), fontsize=11)
+    caption = (
+        f"Compute multiplier CM(C) of each arm against the baseline ({study.baseline}): the compute the "
+        "baseline's fit needs to reach the loss the arm's fit reaches with C, divided by C (above 1: the arm "
+        f"is better). Band: {study.confidence:.0%} percentile interval over {study.n_boot} bootstrap "
+        "resamples (seeds resampled within each rung, both fits refitted). Solid up to the arm's largest "
+        f"rung (dotted vertical line), dashed beyond it, up to {max(EXTRAPOLATE):g}× that compute; the "
+        "horizontal line is CM = 1. Where the band is wider than the panel it runs off its edge."
+        + (" Triangles on the top edge: compute at which the point estimate is ∞." if infinite else "")
+    )
+    return PlotFigure("scaling_compute-multiplier", title, caption, _png(fig))
+
+
+def scaling_figures(study: ScalingStudy) -> list[PlotFigure]:
+    return [f for f in (loss_compute_figure(study), multiplier_figure(study)) if f is not None]

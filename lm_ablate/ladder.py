@@ -1,0 +1,151 @@
+"""Model ladders (group ``ladder``): one ablation at several model sizes, each trained for a budget in
+proportion to its size, so that an effect can be read as a compute multiplier across scale
+(``analysis/scaling.py``; the approach of OLMo's ladders and Hoffmann et al. 2022).
+
+    rung r      model.d_model, model.n_layers, model.n_heads (and model.head_dim if given) = ladder.rungs[r]
+    budget      train.max_tokens = ceil(ladder.tokens_per_param x N_r),  N_r = non-embedding parameters of
+                rung r as built (an untied LM head counts: it is a matmul; lm_ablate.model.model_cost)
+                Hoffmann et al. 2022 ("Chinchilla"): ~20 tokens per parameter is compute-optimal
+    LR rule     fixed   optim.lr at every rung
+    (ladder.lr) grid    the sweep also varies optim.lr; the analysis keeps each (arm, rung)'s best LR
+                mup     model.parametrization=mup with base width = rung 0's d_model: optim.lr tuned once at
+                        rung 0 transfers to every rung (Yang et al. 2022; lm_ablate/parametrization.py)
+
+A ladder study sweeps ``ladder.rung`` (and its arms and seeds). The shape and the μP rule are applied when the
+config is composed (:func:`apply_rung`, from ``config.job_config`` and the training CLI), so validation, the
+sweep check and ``python -m lm_ablate.cost`` see the rung's model; the budget needs the vocabulary (the untied
+head's size), so the loop sets it once the data are loaded (:func:`token_budget`). The run record holds both.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from omegaconf import DictConfig, open_dict
+
+from lm_ablate.config import bad
+
+SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "head_dim")  # what a rung may set, as model.<key>
+REQUIRED = ("d_model", "n_layers", "n_heads")
+LR_RULES = ("fixed", "grid", "mup")
+
+
+def check_config(cfg: Any) -> None:
+    """The ladder's own keys (one line naming the key); sizes are checked as model.* once applied."""
+    lad = cfg.ladder
+    if lad.name is None:
+        return
+    rungs = list(lad.rungs)
+    if len(rungs) < 2:
+        raise bad("ladder.rungs", rungs, "a ladder needs at least 2 rungs (shapes of increasing size)")
+    for i, rung in enumerate(rungs):
+        unknown = sorted(set(rung) - set(SHAPE_KEYS))
+        if unknown:
+            raise bad(f"ladder.rungs[{i}]", dict(rung), f"unknown keys {unknown}; allowed: {', '.join(SHAPE_KEYS)}")
+        missing = [k for k in REQUIRED if k not in rung]
+        if missing:
+            raise bad(f"ladder.rungs[{i}]", dict(rung), f"missing {missing}: each rung gives {', '.join(REQUIRED)}")
+        for key, value in rung.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise bad(f"ladder.rungs[{i}].{key}", value, "must be a positive integer")
+    if not 0 <= lad.rung < len(rungs):
+        raise bad("ladder.rung", lad.rung, f"must index ladder.rungs: 0..{len(rungs) - 1}")
+    if not lad.tokens_per_param > 0:
+        raise bad("ladder.tokens_per_param", lad.tokens_per_param, "must be > 0 (Hoffmann et al. 2022: 20)")
+    if lad.lr not in LR_RULES:
+        raise bad("ladder.lr", lad.lr, f"allowed: {', '.join(LR_RULES)}")
+
+
+def apply_rung(cfg: DictConfig) -> None:
+    """Give ``cfg`` its rung's shape (and, with ``ladder.lr=mup``, the μP parametrization based at rung 0).
+    Changes ``cfg``; nothing without a ladder. The ladder's keys are checked first."""
+    if cfg.ladder.name is None:
+        return
+    check_config(cfg)
+    rung = cfg.ladder.rungs[cfg.ladder.rung]
+    with open_dict(cfg):
+        for key in SHAPE_KEYS:
+            if key in rung:
+                cfg.model[key] = rung[key]
+        if cfg.ladder.lr == "mup":
+            cfg.model.parametrization = "mup"
+            cfg.model.mup_base_width = cfg.ladder.rungs[0]["d_model"]
+
+
+def check_budget_keys(cfg: Any) -> None:
+    """A ladder sets train.max_tokens itself: a value given by hand would be silently replaced, so refuse it."""
+    if cfg.ladder.name is not None and cfg.train.max_tokens is not None:
+        raise bad("train.max_tokens", cfg.train.max_tokens,
+                  "a ladder sets it (ladder.tokens_per_param x non-embedding parameters); leave it null")  # fmt: skip
+
+
+def non_embedding_params(cfg: DictConfig, vocab_size: int) -> int:
+    """N of the model ``cfg`` describes, counted on a model built on the meta device (no memory, no RNG)."""
+    import torch
+
+    from lm_ablate.model import TransformerLM, model_cost
+
+    with torch.device("meta"):
+        model = TransformerLM(cfg, vocab_size)
+    return model_cost(model, cfg).params_non_embedding
+
+
+def token_budget(cfg: DictConfig, params_non_embedding: int) -> int:
+    """train.max_tokens of this rung: ceil(tokens_per_param x N)."""
+    return math.ceil(cfg.ladder.tokens_per_param * params_non_embedding)
+
+
+def check_budget(cfg: DictConfig, budget: int) -> None:
+    """One step at least, and a train.max_steps that does not cut the budget short (one line each)."""
+    t = cfg.train
+    tokens_per_step = t.batch_size * cfg.model.context
+    steps = math.ceil(budget / tokens_per_step)
+    rung = f"rung {cfg.ladder.rung} ({budget} tokens = {cfg.ladder.tokens_per_param:g} x its non-embedding parameters)"
+    if budget < tokens_per_step:
+        raise bad("ladder.tokens_per_param", cfg.ladder.tokens_per_param,
+                  f"gives {rung} less than one step of {tokens_per_step} tokens")  # fmt: skip
+    if t.max_steps < steps:
+        raise bad("train.max_steps", t.max_steps,
+                  f"stops {rung} before the {steps} steps of its budget: raise it (ladder yamls set 10^9)")  # fmt: skip
+
+
+def rung_sizes(cfg: DictConfig, vocab_size: int) -> list[int]:
+    """N of every rung of the ladder (the other keys of ``cfg`` as they are)."""
+    from omegaconf import OmegaConf
+
+    from lm_ablate.config import ConfigError, validate
+
+    sizes = []
+    for i in range(len(cfg.ladder.rungs)):
+        other = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+        OmegaConf.set_struct(other, True)
+        other.ladder.rung = i
+        apply_rung(other)
+        try:
+            validate(other)
+        except ConfigError as err:  # say which rung's shape it is
+            raise bad(f"ladder.rungs[{i}]", dict(cfg.ladder.rungs[i]), f"its model does not validate: {err}") from None
+        sizes.append(non_embedding_params(other, vocab_size))
+    return sizes
+
+
+def check_ladder(cfg: DictConfig, vocab_size: int) -> None:
+    """Before any job starts: rungs strictly increasing in non-embedding parameters, and every rung's budget at
+    least one step (one line naming the key)."""
+    sizes = rung_sizes(cfg, vocab_size)
+    for i in range(1, len(sizes)):
+        if sizes[i] <= sizes[i - 1]:
+            raise bad(f"ladder.rungs[{i}]", dict(cfg.ladder.rungs[i]),
+                      f"has {sizes[i]} non-embedding parameters, not more than rung {i - 1}'s {sizes[i - 1]}: "
+                      "rungs must increase in size")  # fmt: skip
+    check_budget(cfg, token_budget(cfg, sizes[cfg.ladder.rung]))
+
+
+def vocab_size_of(data: Any) -> int | None:
+    """The vocabulary a data config will give, without loading the data (None where only loading can tell)."""
+    if data.tokenizer == "byte":
+        return 256
+    if data.tokenizer == "bpe" or data.name == "tokens":
+        return int(data.vocab_size)
+    return None

@@ -1,0 +1,117 @@
+"""Model ladders (lm_ablate/ladder.py): each rung trains its shape for tokens_per_param x its non-embedding
+parameters; bad ladders are refused before any job starts; a ladder study runs end to end into a Scaling
+section."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from torch import nn
+
+from lm_ablate import metrics as M
+from lm_ablate.config import ConfigError, compose
+from lm_ablate.ladder import apply_rung, check_ladder
+from lm_ablate.model import TransformerLM
+from lm_ablate.train import train
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_thread")
+# a ladder small enough to train in seconds: 3 rungs, 0.5 tokens per parameter
+TINY_RUNGS = "ladder.rungs=[{d_model:16,n_layers:1,n_heads:2},{d_model:24,n_layers:1,n_heads:2},{d_model:32,n_layers:2,n_heads:2}]"
+TINY = ["ladder=cpu", TINY_RUNGS, "ladder.tokens_per_param=0.5", "model.context=32", "train.batch_size=8",
+        "tracking=none", "train.progress=false", "train.eval_batches=2", "train.eval_every=1000"]  # fmt: skip
+
+
+def independent_non_embedding(d_model: int, n_layers: int, n_heads: int, vocab: int = 256) -> int:
+    """Non-embedding parameters counted from the module tree: everything but nn.Embedding tables (an untied head
+    is a matmul and counts)."""
+    cfg = compose(["model=tiny", f"model.d_model={d_model}", f"model.n_layers={n_layers}", f"model.n_heads={n_heads}"])
+    model = TransformerLM(cfg, vocab)
+    embedding = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return sum(p.numel() for p in model.parameters() if id(p) not in embedding)
+
+
+@pytest.mark.parametrize("rung", [0, 2])
+def test_each_rung_trains_its_shape_for_tokens_per_param_times_its_size(rung, tmp_path, cache_dir):
+    cfg = compose([*TINY, f"ladder.rung={rung}", f"data.cache_dir={cache_dir}"])
+    shape = yaml.safe_load(TINY_RUNGS.split("=", 1)[1].replace(":", ": ").replace(",", ", "))[rung]
+    assert {k: cfg.model[k] for k in shape} == shape  # the rung's shape is the model's
+    summary = train(cfg, tmp_path / "run")
+    n = independent_non_embedding(**shape)
+    assert summary[M.PARAMS_NON_EMBEDDING] == n
+    recorded = yaml.safe_load((tmp_path / "run" / M.CONFIG_FILE).read_text())
+    assert recorded["train"]["max_tokens"] == math.ceil(0.5 * n)
+    assert recorded["model"]["d_model"] == shape["d_model"] and recorded["ladder"]["rung"] == rung
+    assert summary[M.STOP_REASON] == "max_tokens" and summary[M.STEPS] == math.ceil(0.5 * n / (8 * 32))
+    rows = [json.loads(line) for line in (tmp_path / "run" / M.METRICS_FILE).read_text().splitlines()]
+    assert rows[-1][M.LR] == pytest.approx(3e-3 * 0.1)  # the LR schedule ends exactly at the rung's budget
+
+
+def test_mup_rule_bases_every_rung_at_rung_0():
+    cfg = compose([*TINY, "ladder.lr=mup", "ladder.rung=2"])
+    assert cfg.model.parametrization == "mup" and cfg.model.mup_base_width == 16 and cfg.model.d_model == 32
+    plain = compose([*TINY, "ladder.rung=2"])
+    assert plain.model.parametrization == "sp"
+
+
+@pytest.mark.parametrize(
+    "overrides, starts",
+    [
+        (["ladder.rungs=[{d_model:16,n_layers:1,n_heads:2}]"], "ladder.rungs="),  # one rung
+        (["ladder.rungs=[{d_model:32,n_layers:1,n_heads:2},{d_model:24,n_layers:1,n_heads:2}]"], "ladder.rungs[1]="),
+        (["ladder.rungs=[{d_model:16,n_layers:1,n_heads:2},{d_model:25,n_layers:1,n_heads:2}]"], "ladder.rungs[1]="),
+        (["ladder.rungs=[{d_model:16,n_layers:1,n_heads:2},{width:24,n_layers:1,n_heads:2}]"], "ladder.rungs[1]="),
+        (["ladder.rung=3"], "ladder.rung="),
+        (["ladder.lr=sometimes"], "ladder.lr="),
+        (["ladder.tokens_per_param=0"], "ladder.tokens_per_param="),
+        (["ladder.tokens_per_param=0.001"], "ladder.tokens_per_param="),  # less than one step
+        (["train.max_steps=3"], "train.max_steps="),  # would cut the budget short
+    ],
+)
+def test_bad_ladders_fail_in_one_line_naming_the_key(overrides, starts):
+    with pytest.raises(ConfigError) as err:
+        cfg = compose([*TINY, *overrides])
+        apply_rung(cfg)
+        check_ladder(cfg, 256)
+    assert str(err.value).startswith(starts) and "\n" not in str(err.value)
+
+
+def test_a_ladder_sweep_is_refused_before_any_job_starts(tmp_path):
+    """One rung, or a hand-set train.max_tokens (it would be replaced): one line, nothing created."""
+    for extra, words in ((["ladder.rung=1"], "at least 2 rungs"), (["train.max_tokens=5000"], "a ladder sets it")):
+        out = subprocess.run(
+            [sys.executable, "-m", "lm_ablate.train", "--config-dir", str(ROOT / "sweeps"), "--config-name",
+             "ladder_activation", f"hydra.sweep.dir={tmp_path / 'sweep'}", *extra],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and words in lines[0], out.stderr[-2000:]
+        assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.slow
+def test_a_ladder_study_runs_and_reports_compute_multipliers(tmp_path, cache_dir):
+    """2 arms x 4 tiny rungs x 2 seeds through the study command: the report has the Scaling section with a fit
+    per arm, the multiplier of the second arm, and the held-out rung."""
+    rungs = ("ladder.rungs=[{d_model:16,n_layers:1,n_heads:2},{d_model:24,n_layers:1,n_heads:2},"
+             "{d_model:32,n_layers:1,n_heads:2},{d_model:32,n_layers:2,n_heads:2}]")  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "lm_ablate.study", "ladder_activation", "--out", str(tmp_path / "ladder"), rungs,
+         "ladder.rung=0,1,2,3", "seed=0,1", "ladder.tokens_per_param=1", "model.context=32", "train.batch_size=8",
+         "train.eval_batches=2", "tracking=none", "train.progress=false", "train.threads=1",
+         f"data.cache_dir={cache_dir}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = (tmp_path / "ladder" / "report" / "report.md").read_text()
+    assert "Scaling" in report
+    scaling = (tmp_path / "ladder" / "report" / "scaling.csv").read_text()
+    assert "swiglu" in scaling and "gelu" in scaling
+    summaries = sorted((tmp_path / "ladder").glob("*/summary.json"))
+    assert len(summaries) == 16 and all(json.loads(p.read_text())[M.STATUS] == M.STATUS_COMPLETED for p in summaries)
