@@ -1,0 +1,674 @@
+"""Claims -> verdicts: each claim a study declares (``claims`` in its experiment file; schema and field meanings in
+lm_ablate/claim_spec.py) decided from its runs. Numbers and verdict codes only; the report words them.
+
+For a claim, in every context of the other varied axes that its ``context`` allows (keys the metric aggregates
+over, such as the LR grid of LR sensitivity, are not contexts):
+
+    effect = metric(arm) - metric(baseline)     difference metrics, null value 0
+    effect = metric(arm) / metric(baseline)     ratio metrics (tokens/s, attention logit, ...), null value 1,
+                                                 computed on logs, so the estimate is a geometric-mean ratio
+
+with the report's own statistics (:func:`analysis.compare.compare_to_baseline`: the paired t-test over the seeds
+both arms ran when they share two, else Welch's; here at 95% and at 90%), then
+
+    lower     held if high95 < null;   contradicted if low95 > null;  else inconclusive
+    higher    held if low95 > null;    contradicted if high95 < null; else inconclusive
+    equal δ   held if the 90% interval lies inside (lo, hi) (TOST: both one-sided tests pass at 5%);
+              contradicted if the 95% interval lies entirely outside it (at or below lo, or at or above hi);
+              else inconclusive. (lo, hi) = (-δ, δ) for a difference, (1/(1+δ), 1+δ) for a ratio.
+    untested  the runs hold no value of the metric for the arm or the baseline there (a one-seed arm has a
+              value but no interval: inconclusive).
+
+A claim evaluated in several contexts has one verdict per context and, as a whole, the verdict they share,
+or ``mixed``. Each metric is one function in :data:`METRIC_FUNCTIONS` (names: lm_ablate.claim_spec.METRICS)
+taking a :class:`Selection` (the runs of the arm and of the baseline in one context) and returning an
+:class:`Effect` or, when it cannot, a reason code (``WHY_*``). A new metric (``best_lr_shift`` for the μP
+transfer study, say: per seed, log2 of the largest over the smallest best LR across widths) is a
+``MetricSpec`` in lm_ablate.claim_spec.METRICS (difference or ratio; ``pools``: the keys it aggregates over,
+there ``optim.lr`` and ``model.d_model``) plus its function here, usually ``compare_values`` over per-seed
+values; tests/test_claims.py checks that the two tables name the same metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.compare import (
+    ALL_RUNS,
+    LR_KEY,
+    Axis,
+    ComparisonSet,
+    _sort_key,
+    compare_to_baseline,
+    find_axes,
+    fmt_value,
+)
+from analysis.load import EXTRAPOLATION_KEY, FIRST_PROBE_PREFIX, INIT_VAL_LOSS, MAX_ATTN_LOGIT_ALL, RunSet
+from lm_ablate import metrics as M
+from lm_ablate.claim_spec import EQUAL, HIGHER, LOWER, Claim, parse_claims, resolve_key, same_value
+from lm_ablate.config import ConfigError
+
+HELD, CONTRADICTED, INCONCLUSIVE, UNTESTED, MIXED = "held", "contradicted", "inconclusive", "untested", "mixed"
+VERDICTS = (HELD, CONTRADICTED, INCONCLUSIVE, UNTESTED)
+# why a claim could not be decided (codes; the report words them)
+WHY_UNKNOWN_KEY = "unknown_key"  # the claim's axis or a context key is no config key of these runs
+WHY_NOT_VARIED = "axis_not_varied"  # the axis has one value in these runs
+WHY_NO_CONTEXT = "no_runs_in_context"  # no run has the claim's context values
+WHY_NO_ARM = "no_arm_runs"  # no run of the arm in this context
+WHY_NO_BASELINE = "no_baseline_runs"
+WHY_NO_ARM_VALUES = "no_arm_values"  # arm runs exist, but none has the metric (not completed, not logged)
+WHY_NO_BASELINE_VALUES = "no_baseline_values"
+WHY_NO_INTERVAL = "no_interval"  # values on both sides but too few for an interval (one seed)
+WHY_NO_SCALING = "no_scaling_study"  # compute_multiplier without a scaling study in the runs
+WHY_NOT_SCALING_BASELINE = "baseline_not_scaling_baseline"  # CM is against the scaling study's baseline only
+WHY_NO_MULTIPLIER = "no_multiplier"  # the scaling study has no multiplier for the arm at `at`
+NOTE_SPEED_UNSTEADY = "speed_unsteady"  # tokens/s of the runs used varies > SPEED_SPREAD_LIMIT within an arm
+NOTE_GRIDS_DIFFER = "lr_grids_differ"  # lr_sensitivity: arm and baseline ran different LR grids
+NOTE_SEEDS_LEFT_OUT = "seeds_without_full_grid"  # lr_sensitivity: a seed that missed an LR of its arm's grid
+SPEED_SPREAD_LIMIT = 1.5  # max / min tokens/s of one arm's runs above which speed ratios are not to be trusted
+VALUE = "value"  # the per-run value column handed to compare_to_baseline
+ENDED = (M.STATUS_COMPLETED, M.STATUS_DIVERGED)
+
+
+@dataclass(frozen=True)
+class Effect:
+    """arm vs baseline on one metric: ``estimate`` (difference, or ratio for a ratio metric) with its 95% and 90%
+    intervals (NaN where there is none), the test, and each side's value (mean; geometric mean for a ratio)."""
+
+    estimate: float
+    low95: float
+    high95: float
+    low90: float
+    high90: float
+    p_value: float
+    test: str  # paired | welch | bootstrap | "" (no test)
+    n_pairs: int  # seeds paired (paired test), else 0
+    n_arm: int  # runs (or seeds) with a value
+    n_baseline: int
+    arm_value: float
+    baseline_value: float
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """One claim in one context."""
+
+    claim: Claim
+    context: str  # the context label, as the comparison tables write it ("all runs" when there is none)
+    verdict: str
+    effect: Effect | None
+    why: str = ""  # a WHY_* code when untested, or inconclusive for lack of an interval
+    axis: str = ""  # the compared axis as the report labels it (for comparisons.csv)
+    arm_label: str = ""  # the arm's value as the comparison table writes it
+    arm_runs: tuple[str, ...] = ()
+    baseline_runs: tuple[str, ...] = ()
+
+
+@dataclass
+class ClaimSet:
+    claims: list[Claim]
+    results: list[ClaimResult]
+    invalid: list[tuple[str, str]] = field(default_factory=list)  # (run id, one-line error) of unreadable claims
+    conflicts: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (runs used, runs with the id)
+
+    def of(self, claim_id: str) -> list[ClaimResult]:
+        return [r for r in self.results if r.claim.id == claim_id]
+
+    def verdict(self, claim_id: str) -> str:
+        return claim_verdict([r.verdict for r in self.of(claim_id)])
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """claims.csv: one row per (claim, context)."""
+        rows = []
+        for r in self.results:
+            c, e = r.claim, r.effect
+            row: dict[str, Any] = {
+                "claim_id": c.id, "source": c.source, "statement": c.statement, "axis": c.axis,
+                "arm": fmt_value(c.arm), "baseline": fmt_value(c.baseline),
+                "context_filter": ", ".join(f"{k}={fmt_value(v)}" for k, v in c.context), "metric": c.metric,
+                "expect": c.expect, "margin": c.margin if c.margin is not None else math.nan,
+                "at": "" if c.at is None else fmt_value(c.at), "context": r.context, "verdict": r.verdict,
+                "claim_verdict": self.verdict(c.id), "null": c.null, "why": r.why,
+            }  # fmt: skip
+            for name in ("estimate", "low95", "high95", "low90", "high90", "p_value", "arm_value", "baseline_value"):
+                row[name] = getattr(e, name) if e else math.nan
+            for name in ("n_pairs", "n_arm", "n_baseline"):
+                row[name] = getattr(e, name) if e else 0
+            row.update(test=e.test if e else "", notes=" ".join(e.notes) if e else "",
+                       arm_runs=" ".join(r.arm_runs), baseline_runs=" ".join(r.baseline_runs))  # fmt: skip
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+# --- the verdict ----------------------------------------------------------------------------------------
+def equivalence_bounds(claim: Claim) -> tuple[float, float]:
+    """The interval an ``equal`` claim's effect must lie in: null ± margin, or [1/(1+δ), 1+δ] for a ratio."""
+    margin = float(claim.margin or 0.0)
+    if claim.spec.ratio:
+        return 1.0 / (1.0 + margin), 1.0 + margin
+    return -margin, margin
+
+
+def verdict(effect: Effect | None, claim: Claim) -> str:
+    """held / contradicted / inconclusive from the intervals (see the module docstring); untested without a value."""
+    if effect is None or not math.isfinite(effect.estimate):
+        return UNTESTED
+    null = claim.null
+    lo95, hi95, lo90, hi90 = effect.low95, effect.high95, effect.low90, effect.high90
+    if claim.expect == LOWER:
+        return HELD if hi95 < null else CONTRADICTED if lo95 > null else INCONCLUSIVE
+    if claim.expect == HIGHER:
+        return HELD if lo95 > null else CONTRADICTED if hi95 < null else INCONCLUSIVE
+    if claim.expect == EQUAL:
+        lo, hi = equivalence_bounds(claim)
+        if lo < lo90 and hi90 < hi:
+            return HELD
+        if hi95 <= lo or lo95 >= hi:
+            return CONTRADICTED
+        return INCONCLUSIVE
+    raise ValueError(f"unknown expect {claim.expect!r}")
+
+
+def claim_verdict(verdicts: Sequence[str]) -> str:
+    """A claim over its contexts: the verdict they share, else ``mixed``; untested contexts count only when no
+    context was tested."""
+    tested = [v for v in verdicts if v != UNTESTED]
+    if not tested:
+        return UNTESTED
+    return tested[0] if len(set(tested)) == 1 else MIXED
+
+
+# --- per-run values and their comparison ----------------------------------------------------------------
+@dataclass
+class Inputs:
+    """What metrics share: the runs, and the scaling study (computed once, when a metric asks for it)."""
+
+    rs: RunSet
+    scaling: Any = None  # analysis.scaling.ScalingStudy | None
+    scaling_done: bool = False
+
+    def scaling_study(self) -> Any:
+        if not self.scaling_done:
+            from analysis.scaling import scaling_study
+
+            self.scaling, self.scaling_done = scaling_study(self.rs), True
+        return self.scaling
+
+
+@dataclass
+class Selection:
+    """The runs a claim compares in one context."""
+
+    inputs: Inputs
+    claim: Claim
+    arm: list[str]  # run ids
+    baseline: list[str]
+
+    @property
+    def rs(self) -> RunSet:
+        return self.inputs.rs
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _values(
+    sel: Selection, ids: list[str], value: Callable[[dict[str, Any]], float], statuses: Sequence[str] | None
+) -> list[dict[str, Any]]:
+    """{seed, value} of every run in ``ids`` with one of ``statuses`` (any when None) and a finite value."""
+    table = sel.rs.runs.set_index("run_id", drop=False)
+    out = []
+    for r in ids:
+        row = table.loc[r].to_dict()
+        if statuses is not None and row.get(M.STATUS) not in statuses:
+            continue
+        v = value(row)
+        if math.isfinite(v):
+            out.append({"run_id": r, M.SEED: sel.rs.configs.get(r, {}).get(M.SEED, row.get(M.SEED)), VALUE: v})
+    return out
+
+
+def compare_values(
+    arm: list[dict[str, Any]], base: list[dict[str, Any]], ratio: bool = False, notes: Sequence[str] = ()
+) -> Effect | str:
+    """The :class:`Effect` of per-run values (dicts with ``seed`` and ``value``), as the report compares final
+    losses; a ratio metric is compared on logs (values <= 0 dropped) and reported back as a ratio."""
+    if ratio:
+        arm = [{**r, VALUE: math.log(r[VALUE])} for r in arm if r[VALUE] > 0]
+        base = [{**r, VALUE: math.log(r[VALUE])} for r in base if r[VALUE] > 0]
+    if not arm:
+        return WHY_NO_ARM_VALUES
+    if not base:
+        return WHY_NO_BASELINE_VALUES
+    r95 = compare_to_baseline(arm, base, VALUE, 0.95)
+    r90 = compare_to_baseline(arm, base, VALUE, 0.90)
+    back = math.exp if ratio else float
+    arm_mean = float(np.mean([r[VALUE] for r in arm]))
+    base_mean = float(np.mean([r[VALUE] for r in base]))
+    return Effect(
+        estimate=back(r95["delta_final_val_loss"]),
+        low95=back(r95["delta_ci_low"]),
+        high95=back(r95["delta_ci_high"]),
+        low90=back(r90["delta_ci_low"]),
+        high90=back(r90["delta_ci_high"]),
+        p_value=r95["p_value"],
+        test=r95["test"],
+        n_pairs=int(r95["n_pairs"]),
+        n_arm=len(arm),
+        n_baseline=len(base),
+        arm_value=back(arm_mean),
+        baseline_value=back(base_mean),
+        notes=tuple(notes),
+    )
+
+
+def _per_run(
+    value: Callable[[dict[str, Any]], float], statuses: Sequence[str] | None = (M.STATUS_COMPLETED,)
+) -> Callable[[Selection], Effect | str]:
+    """A metric whose per-run value is ``value(run row)``, compared over runs with ``statuses``."""
+
+    def metric(sel: Selection) -> Effect | str:
+        arm = _values(sel, sel.arm, value, statuses)
+        base = _values(sel, sel.baseline, value, statuses)
+        return compare_values(arm, base, sel.claim.spec.ratio)
+
+    return metric
+
+
+def _column(name: str) -> Callable[[dict[str, Any]], float]:
+    return lambda row: _num(row.get(name))
+
+
+def _capped(row: dict[str, Any]) -> float:
+    """Final val loss capped at the run's step-0 loss; a diverged run (or a non-finite final loss) is its step-0
+    loss (compare.lr_sweep's rule)."""
+    init = _num(row.get(INIT_VAL_LOSS))
+    final = _num(row.get(M.FINAL_VAL_LOSS))
+    if row.get(M.STATUS) == M.STATUS_DIVERGED or not math.isfinite(final):
+        return init
+    return min(final, init) if math.isfinite(init) else final
+
+
+def _extrapolation_column(rs: RunSet, k: float) -> str | None:
+    for col in rs.runs.columns:
+        m = EXTRAPOLATION_KEY.match(str(col))
+        if m and float(m.group(1)) == k:
+            return str(col)
+    return None
+
+
+def _at_k(sel: Selection) -> float:
+    return float(sel.claim.at) if sel.claim.at is not None else 4.0
+
+
+def val_loss_at_context(sel: Selection) -> Effect | str:
+    col = _extrapolation_column(sel.rs, _at_k(sel))
+    if col is None:
+        return WHY_NO_ARM_VALUES
+    return _per_run(_column(col))(sel)
+
+
+def extrapolation_gap(sel: Selection) -> Effect | str:
+    col = _extrapolation_column(sel.rs, _at_k(sel))
+    if col is None:
+        return WHY_NO_ARM_VALUES
+    one = _extrapolation_column(sel.rs, 1.0) or M.FINAL_VAL_LOSS
+    return _per_run(lambda row: _num(row.get(col)) - _num(row.get(one)))(sel)
+
+
+def _spike_rate(count: str) -> Callable[[dict[str, Any]], float]:
+    def rate(row: dict[str, Any]) -> float:
+        steps = _num(row.get(M.STEPS))
+        return 1000 * _num(row.get(count)) / steps if steps > 0 else math.nan
+
+    return rate
+
+
+def max_attn_logit(sel: Selection) -> Effect | str:
+    def peak(row: dict[str, Any]) -> float:
+        hist = sel.rs.history.get(row["run_id"])
+        if hist is None or MAX_ATTN_LOGIT_ALL not in hist.columns:
+            return math.nan
+        values = hist[MAX_ATTN_LOGIT_ALL].to_numpy(dtype=float)
+        values = values[np.isfinite(values)]
+        return float(values.max()) if len(values) else math.nan
+
+    return _per_run(peak, ENDED)(sel)
+
+
+def _init_grad_growth(row: dict[str, Any]) -> float:
+    """Gradient norm of the last block over the first at the first probe row."""
+    layers = {}
+    for key, value in row.items():
+        if isinstance(key, str) and key.startswith(FIRST_PROBE_PREFIX) and key.endswith("/" + M.GRAD_NORM_LAYER):
+            index = key[len(FIRST_PROBE_PREFIX) :].split("/")[1]
+            if index.isdigit() and math.isfinite(_num(value)):
+                layers[int(index)] = _num(value)
+    if len(layers) < 2 or layers[min(layers)] <= 0:
+        return math.nan
+    return layers[max(layers)] / layers[min(layers)]
+
+
+def tokens_per_sec(sel: Selection) -> Effect | str:
+    effect = _per_run(_column(M.MEAN_TOKENS_PER_SEC))(sel)
+    if isinstance(effect, Effect):
+        spread = max(_speed_spread(sel.rs, ids) for ids in (sel.arm, sel.baseline))
+        if spread > SPEED_SPREAD_LIMIT:
+            effect = replace(effect, notes=(*effect.notes, NOTE_SPEED_UNSTEADY))
+    return effect
+
+
+def lr_sensitivity(sel: Selection) -> Effect | str:
+    """E_lr[min(loss(lr), loss_init) - loss*] per seed (each seed's own capped losses and its own best), then
+    compared over seeds like a loss. compare.lr_sweep averages the capped losses over seeds first and then
+    takes the best: its number (the LR table's) can differ slightly from the mean of the per-seed ones here.
+    A seed that misses an LR of its arm's grid is left out (its sensitivity would be over another grid)."""
+    notes: list[str] = []
+    sides, grids = [], []
+    for ids in (sel.arm, sel.baseline):
+        rows = _values(sel, ids, _capped, ENDED)
+        lrs = {r["run_id"]: _num(sel.rs.configs[r["run_id"]].get(LR_KEY)) for r in rows}
+        grid = sorted(set(lrs.values()))
+        by_seed: dict[Any, dict[float, float]] = {}
+        for r in rows:
+            by_seed.setdefault(r[M.SEED], {})[lrs[r["run_id"]]] = r[VALUE]
+        values = []
+        for seed, losses in by_seed.items():
+            if sorted(losses) != grid:
+                notes.append(NOTE_SEEDS_LEFT_OUT)
+                continue
+            capped = np.array(list(losses.values()))
+            values.append({M.SEED: seed, VALUE: float((capped - capped.min()).mean())})
+        sides.append(values)
+        grids.append(grid)
+    if grids[0] != grids[1]:
+        notes.append(NOTE_GRIDS_DIFFER)
+    return compare_values(sides[0], sides[1], notes=sorted(set(notes)))
+
+
+def _lr_of(sel: Selection, run_id: str) -> float:
+    return _num(sel.rs.configs[run_id].get(LR_KEY))
+
+
+def final_val_loss_at_best_lr(sel: Selection) -> Effect | str:
+    """Each side at its own best LR (lowest mean final val loss over its completed seeds there), then compared
+    over seeds like a loss: the table "Each arm at its own best learning rate" (analysis/best_lr.py)."""
+    sides = []
+    for ids in (sel.arm, sel.baseline):
+        rows = _values(sel, ids, _column(M.FINAL_VAL_LOSS), (M.STATUS_COMPLETED,))
+        by_lr: dict[float, list[dict[str, Any]]] = {}
+        for r in rows:
+            by_lr.setdefault(_lr_of(sel, r["run_id"]), []).append(r)
+        best = min(by_lr, key=lambda lr: np.mean([r[VALUE] for r in by_lr[lr]]), default=None)
+        sides.append(by_lr.get(best, []))
+    return compare_values(sides[0], sides[1])
+
+
+def _best_lr_spread(losses: dict[Any, dict[float, dict[Any, float]]], seeds: np.ndarray) -> float:
+    """max / min over widths of the LR whose mean capped loss over ``seeds`` (with repeats) is lowest."""
+    best = []
+    for grid in losses.values():
+        means = {lr: np.mean([by_seed[s] for s in seeds if s in by_seed]) for lr, by_seed in grid.items()}
+        means = {lr: m for lr, m in means.items() if np.isfinite(m)}
+        if means:
+            best.append(min(means, key=means.__getitem__))
+    return max(best) / min(best) if len(best) > 1 else math.nan
+
+
+def best_lr_spread(sel: Selection, n_boot: int = 2000) -> Effect | str:
+    """max / min over model.d_model of each width's best LR (lowest mean capped loss over seeds; a diverged run
+    is its step-0 loss, as LR sensitivity counts it), arm over baseline. Interval: percentile bootstrap over
+    seeds, the same seed draws on both sides (paired), each resample's best LRs found anew."""
+    sides = []
+    for ids in (sel.arm, sel.baseline):
+        rows = _values(sel, ids, _capped, ENDED)
+        losses: dict[Any, dict[float, dict[Any, float]]] = {}
+        for r in rows:
+            width = sel.rs.configs[r["run_id"]].get("model.d_model")
+            losses.setdefault(width, {}).setdefault(_lr_of(sel, r["run_id"]), {})[r[M.SEED]] = r[VALUE]
+        sides.append(losses)
+    if not sides[0]:
+        return WHY_NO_ARM_VALUES
+    if not sides[1]:
+        return WHY_NO_BASELINE_VALUES
+    seeds = np.array(sorted({s for side in sides for g in side.values() for v in g.values() for s in v}))
+    arm, base = (_best_lr_spread(side, seeds) for side in sides)
+    if not (math.isfinite(arm) and math.isfinite(base)):
+        return WHY_NO_INTERVAL
+    rng = np.random.default_rng(0)
+    ratios = []
+    for _ in range(n_boot):
+        draw = rng.choice(seeds, size=len(seeds), replace=True)
+        a, b = _best_lr_spread(sides[0], draw), _best_lr_spread(sides[1], draw)
+        if math.isfinite(a) and math.isfinite(b):
+            ratios.append(a / b)
+    if len(seeds) < 2 or not ratios:
+        return WHY_NO_INTERVAL
+    low95, high95, low90, high90 = np.quantile(ratios, [0.025, 0.975, 0.05, 0.95])
+    n = len(seeds)
+    return Effect(arm / base, low95, high95, low90, high90, math.nan, "bootstrap", n, n, n, arm, base)
+
+
+def compute_multiplier(sel: Selection) -> Effect | str:
+    """CM of the arm's scaling fit against the scaling study's baseline fit (analysis/scaling.py), at the
+    claim's ``at`` ("largest", "10x", "100x"; default largest); its interval is the study's bootstrap (95% only)."""
+    study = sel.inputs.scaling_study()
+    if study is None:
+        return WHY_NO_SCALING
+    fitted = {a.arm: {r for rung in a.rungs for r in rung.run_ids} for a in study.arms}
+
+    def fit_of(ids: list[str]) -> str | None:
+        overlap = {name: len(runs & set(ids)) for name, runs in fitted.items()}
+        best = max(overlap, key=overlap.__getitem__, default=None)
+        return best if best is not None and overlap[best] else None
+
+    arm, base = fit_of(sel.arm), fit_of(sel.baseline)
+    if arm is None:
+        return WHY_NO_ARM_VALUES
+    if base != study.baseline:
+        return WHY_NOT_SCALING_BASELINE
+    at = "largest" if sel.claim.at is None else str(sel.claim.at)
+    m = next((m for m in study.multipliers if m.arm == arm and m.at == at), None)
+    if m is None:
+        return WHY_NO_MULTIPLIER
+    rungs = {a.arm: len(a.rungs) for a in study.arms}
+    nan = math.nan
+    return Effect(m.cm, m.low, m.high, nan, nan, nan, "bootstrap", 0, rungs[arm], rungs[base], nan, nan)
+
+
+METRIC_FUNCTIONS: dict[str, Callable[[Selection], Effect | str]] = {
+    "final_val_loss": _per_run(_column(M.FINAL_VAL_LOSS)),
+    "best_val_loss": _per_run(_column(M.BEST_VAL_LOSS)),
+    "capped_val_loss": _per_run(_capped, ENDED),
+    "val_loss_at_context": val_loss_at_context,
+    "extrapolation_gap": extrapolation_gap,
+    "grad_norm_spike_rate": _per_run(_spike_rate(M.GRAD_NORM_SPIKES), ENDED),
+    "loss_spike_rate": _per_run(_spike_rate(M.LOSS_SPIKES), ENDED),
+    "tokens_per_sec": tokens_per_sec,
+    "max_attn_logit": max_attn_logit,
+    "init_grad_growth": _per_run(_init_grad_growth, None),
+    "lr_sensitivity": lr_sensitivity,
+    "final_val_loss_at_best_lr": final_val_loss_at_best_lr,
+    "best_lr_spread": best_lr_spread,
+    "compute_multiplier": compute_multiplier,
+}
+
+
+# --- claims of a run set, and their evaluation ----------------------------------------------------------
+def claims_of(rs: RunSet) -> tuple[list[Claim], list[tuple[str, str]], dict[str, tuple[int, int]]]:
+    """(claims, invalid, conflicts) read from the runs' configs (``claims``, flattened to JSON by the loader).
+    A claim id defined differently in different runs (a study file edited between runs) takes the definition
+    most runs hold: conflicts[id] = (runs holding it, runs holding the id)."""
+    defs: dict[str, dict[str, list[str]]] = {}  # id -> definition (JSON) -> runs
+    order: dict[str, Claim] = {}
+    invalid: list[tuple[str, str]] = []
+    for run_id, cfg in rs.configs.items():
+        raw = cfg.get("claims")
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except ValueError:
+                continue  # MISSING_VALUE: a run recorded before claims existed
+        if not raw:
+            continue
+        try:
+            parsed = parse_claims(raw)
+        except ConfigError as err:
+            invalid.append((run_id, str(err)))
+            continue
+        for claim in parsed:
+            text = json.dumps(claim.as_dict(), sort_keys=True, default=str)
+            defs.setdefault(claim.id, {}).setdefault(text, []).append(run_id)
+            order.setdefault(claim.id, claim)
+    claims, conflicts = [], {}
+    for cid, first in order.items():
+        variants = defs[cid]
+        text, runs = max(variants.items(), key=lambda kv: len(kv[1]))
+        if len(variants) > 1:
+            conflicts[cid] = (len(runs), sum(len(v) for v in variants.values()))
+        claims.append(first if json.dumps(first.as_dict(), sort_keys=True, default=str) == text
+                      else parse_claims([json.loads(text)])[0])  # fmt: skip
+    return claims, invalid, conflicts
+
+
+def evaluate_claims(rs: RunSet, claims: Sequence[Claim] | None = None, scaling: Any = None) -> ClaimSet:
+    """Every claim (default: those in the runs' configs) in every context it applies to. ``scaling``: the
+    report's scaling study, if it computed one (else computed here when a claim needs it)."""
+    invalid: list[tuple[str, str]] = []
+    conflicts: dict[str, tuple[int, int]] = {}
+    if claims is None:
+        claims, invalid, conflicts = claims_of(rs)
+    if not claims:
+        return ClaimSet([], [], invalid, conflicts)
+    inputs = Inputs(rs, scaling, scaling is not None)
+    axes, _, _, _ = find_axes(rs) if rs.configs else ([], {}, {}, {})
+    results = [r for claim in claims for r in _evaluate(inputs, claim, axes)]
+    return ClaimSet(list(claims), results, invalid, conflicts)
+
+
+def _evaluate(inputs: Inputs, claim: Claim, axes: list[Axis]) -> list[ClaimResult]:
+    rs = inputs.rs
+    known = rs.config_keys
+    key = resolve_key(claim.axis, known)
+    if key is None:
+        return [ClaimResult(claim, ALL_RUNS, UNTESTED, None, WHY_UNKNOWN_KEY)]
+    axis = next((a for a in axes if key in a.keys), None)
+    if axis is None:
+        return [ClaimResult(claim, ALL_RUNS, UNTESTED, None, WHY_NOT_VARIED)]
+    pooled = set(claim.spec.pools)
+    if claim.metric == "compute_multiplier" and inputs.scaling_study() is not None:
+        pooled |= set(inputs.scaling_study().size_keys)
+    others = [a for a in axes if not set(a.keys) & set(axis.keys) and not set(a.keys) & pooled]
+    filters = []
+    for ckey, cvalue in claim.context:
+        resolved = resolve_key(ckey, known)
+        if resolved is None:
+            return [ClaimResult(claim, ALL_RUNS, UNTESTED, None, WHY_UNKNOWN_KEY, axis.label)]
+        filters.append((resolved, cvalue))
+    members = [r for r, cfg in rs.configs.items() if all(same_value(v, cfg.get(k)) for k, v in filters)]
+    if not members:
+        return [ClaimResult(claim, ALL_RUNS, UNTESTED, None, WHY_NO_CONTEXT, axis.label)]
+    groups: dict[str, tuple[tuple[Any, ...], list[str], list[str]]] = {}
+    for r in members:
+        cfg = rs.configs[r]
+        label = ", ".join(f"{a.label}={fmt_value(cfg[a.name])}" for a in others) or ALL_RUNS  # as compare.py
+        order = tuple(_sort_key(cfg[a.name]) for a in others)
+        _, arm, base = groups.setdefault(label, (order, [], []))
+        if same_value(claim.arm, cfg.get(key)):
+            arm.append(r)
+        elif same_value(claim.baseline, cfg.get(key)):
+            base.append(r)
+    out = []
+    for label, (_, arm, base) in sorted(groups.items(), key=lambda kv: kv[1][0]):
+        if not arm and not base:
+            continue  # a context holding neither (another arm of a many-valued axis)
+        arm_label = fmt_value(rs.configs[arm[0]][axis.name]) if arm else fmt_value(claim.arm)
+        common = dict(axis=axis.label, arm_label=arm_label, arm_runs=tuple(arm), baseline_runs=tuple(base))
+        if not arm or not base:
+            out.append(ClaimResult(claim, label, UNTESTED, None, WHY_NO_ARM if not arm else WHY_NO_BASELINE, **common))
+            continue
+        effect = METRIC_FUNCTIONS[claim.metric](Selection(inputs, claim, arm, base))
+        if isinstance(effect, str):
+            out.append(ClaimResult(claim, label, UNTESTED, None, effect, **common))
+            continue
+        decided = verdict(effect, claim)
+        why = WHY_NO_INTERVAL if decided == INCONCLUSIVE and not math.isfinite(effect.low95) else ""
+        out.append(ClaimResult(claim, label, decided, effect, why, **common))
+    return out or [ClaimResult(claim, ALL_RUNS, UNTESTED, None, WHY_NO_CONTEXT, axis.label)]
+
+
+# --- what the report shows beside the claims ------------------------------------------------------------
+def annotate_comparisons(table: pd.DataFrame, claims: ClaimSet) -> pd.DataFrame:
+    """comparisons.csv with two more columns on the rows a claim used (the arm's row in its context):
+    ``claims`` (ids) and ``claim_verdicts`` (``id:verdict``), space-separated."""
+    out = table.copy()
+    ids = [""] * len(out)
+    verdicts = [""] * len(out)
+    if len(out):
+        where = {(a, c, arm): i for i, (a, c, arm) in enumerate(zip(out["axis"], out["context"], out["arm"]))}
+        for r in claims.results:
+            i = where.get((r.axis, r.context, r.arm_label))
+            if i is not None and r.verdict != UNTESTED:
+                ids[i] = f"{ids[i]} {r.claim.id}".strip()
+                verdicts[i] = f"{verdicts[i]} {r.claim.id}:{r.verdict}".strip()
+    out["claims"], out["claim_verdicts"] = ids, verdicts
+    return out
+
+
+def largest_effects(cs: ComparisonSet, limit: int = 3) -> pd.DataFrame:
+    """Comparison rows whose final-val-loss difference has a 95% interval excluding 0, largest |Δ| first."""
+    table = cs.table
+    if table.empty or "delta_final_val_loss" not in table:
+        return table
+    d, lo, hi = (
+        pd.to_numeric(table[c], errors="coerce") for c in ("delta_final_val_loss", "delta_ci_low", "delta_ci_high")
+    )
+    keep = ~table["is_baseline"].astype(bool) & np.isfinite(d) & ((lo > 0) | (hi < 0))
+    return (
+        table[keep].assign(_size=d[keep].abs()).sort_values("_size", ascending=False).drop(columns="_size").head(limit)
+    )
+
+
+def _speeds(rs: RunSet) -> dict[str, float]:
+    """run id -> mean tokens/s of each completed run with a positive value."""
+    status = rs.runs[M.STATUS].to_numpy()
+    tps = pd.to_numeric(rs.runs[M.MEAN_TOKENS_PER_SEC], errors="coerce").to_numpy(dtype=float)
+    return {
+        r: float(v) for r, s, v in zip(rs.runs["run_id"], status, tps) if s == M.STATUS_COMPLETED and v > 0
+    }  # NaN > 0 is False
+
+
+def _speed_spread(rs: RunSet, ids: Sequence[str], speeds: dict[str, float] | None = None) -> float:
+    speeds = _speeds(rs) if speeds is None else speeds
+    tps = [speeds[r] for r in ids if r in speeds]
+    return max(tps) / min(tps) if len(tps) > 1 else 1.0
+
+
+def unsteady_speed(rs: RunSet, cs: ComparisonSet, limit: float = SPEED_SPREAD_LIMIT) -> list[dict[str, Any]]:
+    """Arms (runs sharing every varied axis value: they differ only by seed) whose completed runs' mean tokens/s
+    differ by more than ``limit`` (max / min): the machine was shared, so speed ratios there are not to be
+    trusted. One dict per such arm: ``arm`` (label), ``spread``, ``low``, ``high``, ``n``."""
+    cells: dict[str, list[str]] = {}
+    for r, cfg in rs.configs.items():
+        label = ", ".join(f"{a.label}={fmt_value(cfg[a.name])}" for a in cs.varied) or ALL_RUNS
+        cells.setdefault(label, []).append(r)
+    speeds = _speeds(rs)
+    out = []
+    for label, ids in cells.items():
+        tps = [speeds[r] for r in ids if r in speeds]
+        if len(tps) > 1 and max(tps) / min(tps) > limit:
+            out.append({"arm": label, "spread": max(tps) / min(tps), "low": min(tps), "high": max(tps), "n": len(tps)})
+    return out

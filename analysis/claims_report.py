@@ -1,0 +1,259 @@
+"""The report's Claims section and Findings list: the words for an :class:`analysis.claims.ClaimSet`.
+
+Every sentence for people about claims lives here (analysis/claims.py holds numbers and verdict codes); the
+HTML/Markdown report (analysis/report.py) and the W&B report (analysis/wandb_report.py) both use it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from analysis.claims import (
+    CONTRADICTED,
+    HELD,
+    INCONCLUSIVE,
+    MIXED,
+    NOTE_GRIDS_DIFFER,
+    NOTE_SEEDS_LEFT_OUT,
+    NOTE_SPEED_UNSTEADY,
+    SPEED_SPREAD_LIMIT,
+    UNTESTED,
+    WHY_NO_ARM,
+    WHY_NO_ARM_VALUES,
+    WHY_NO_BASELINE,
+    WHY_NO_BASELINE_VALUES,
+    WHY_NO_CONTEXT,
+    WHY_NO_INTERVAL,
+    WHY_NO_MULTIPLIER,
+    WHY_NO_SCALING,
+    WHY_NOT_SCALING_BASELINE,
+    WHY_NOT_VARIED,
+    WHY_UNKNOWN_KEY,
+    ClaimResult,
+    ClaimSet,
+    Effect,
+)
+from analysis.compare import TEST_PAIRED, TEST_WELCH, fmt_value
+from lm_ablate.claim_spec import EQUAL, HIGHER, LOWER, Claim
+
+MAX_CONTEXTS_IN_FINDING = 4
+METRIC_WORDS = {
+    "final_val_loss": "final val loss",
+    "best_val_loss": "best val loss",
+    "capped_val_loss": "final val loss capped at the step-0 loss (diverged = step-0 loss)",
+    "val_loss_at_context": "val loss at {k}x the training context",
+    "extrapolation_gap": "val loss at {k}x minus at 1x the training context",
+    "grad_norm_spike_rate": "grad-norm spikes per 1k steps",
+    "loss_spike_rate": "loss spikes per 1k steps",
+    "tokens_per_sec": "tokens/s",
+    "max_attn_logit": "max attention logit",
+    "init_grad_growth": "last-block / first-block grad norm at init",
+    "lr_sensitivity": "LR sensitivity",
+    "compute_multiplier": "compute multiplier",
+}
+WHY_TEXT = {
+    WHY_UNKNOWN_KEY: "a key it names is not a config key of these runs",
+    WHY_NOT_VARIED: "its axis does not vary in these runs",
+    WHY_NO_CONTEXT: "no run has its context values",
+    WHY_NO_ARM: "no run of the arm here",
+    WHY_NO_BASELINE: "no run of the baseline here",
+    WHY_NO_ARM_VALUES: "no run of the arm has a value (not completed, or the metric was not logged)",
+    WHY_NO_BASELINE_VALUES: "no run of the baseline has a value (not completed, or the metric was not logged)",
+    WHY_NO_INTERVAL: "one seed per side: no interval",
+    WHY_NO_SCALING: "the runs do not vary model size (no scaling fit)",
+    WHY_NOT_SCALING_BASELINE: "compute multipliers are against the scaling study's baseline, not this one",
+    WHY_NO_MULTIPLIER: "the scaling study has no multiplier for the arm there",
+}
+NOTE_TEXT = {
+    NOTE_SPEED_UNSTEADY: f"tokens/s varies more than {SPEED_SPREAD_LIMIT:g}x within an arm: not to be trusted",
+    NOTE_GRIDS_DIFFER: "the arm and the baseline ran different LR grids",
+    NOTE_SEEDS_LEFT_OUT: "seeds that missed an LR of their grid were left out",
+}
+VERDICT_TEXT = {HELD: "held", CONTRADICTED: "contradicted", INCONCLUSIVE: "inconclusive", UNTESTED: "untested",
+                MIXED: "mixed"}  # fmt: skip
+
+
+def _ok(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def metric_text(claim: Claim) -> str:
+    k = fmt_value(claim.at) if claim.at is not None else "4"
+    return METRIC_WORDS.get(claim.metric, claim.metric).replace("{k}", k)
+
+
+def _digits(claim: Claim) -> int:
+    return 2 if claim.metric.endswith("spike_rate") else 4
+
+
+def value_text(x: Any, claim: Claim, signed: bool = True) -> str:
+    if not _ok(x):
+        return "∞" if isinstance(x, float) and math.isinf(x) and x > 0 else "–"
+    if claim.spec.ratio:
+        return f"{x:.3f}×"
+    return f"{x:{'+' if signed else ''}.{_digits(claim)}f}"
+
+
+def interval_text(low: Any, high: Any, claim: Claim) -> str:
+    if not (_ok(low) and _ok(high)):
+        return ""
+    if claim.spec.ratio:
+        return f"[{low:.3f}, {high:.3f}]"
+    d = _digits(claim)
+    return f"[{low:+.{d}f}, {high:+.{d}f}]"
+
+
+def effect_text(effect: Effect | None, claim: Claim) -> str:
+    if effect is None:
+        return "–"
+    ci = interval_text(effect.low95, effect.high95, claim)
+    return value_text(effect.estimate, claim) + (f" {ci}" if ci else "")
+
+
+def comparison_text(claim: Claim) -> str:
+    """``post − pre`` or ``rmsnorm / layernorm``: what the effect is."""
+    op = " / " if claim.spec.ratio else " − "
+    return fmt_value(claim.arm) + op + fmt_value(claim.baseline)
+
+
+def expectation_text(claim: Claim) -> str:
+    """``final val loss: post higher than pre``."""
+    arm, base = fmt_value(claim.arm), fmt_value(claim.baseline)
+    if claim.expect == LOWER:
+        rel = f"{arm} lower than {base}"
+    elif claim.expect == HIGHER:
+        rel = f"{arm} higher than {base}"
+    elif claim.expect == EQUAL and claim.spec.ratio:
+        rel = f"{arm} within a factor {1 + float(claim.margin or 0):g} of {base}"
+    else:
+        rel = f"{arm} within ±{claim.margin:g} of {base}"
+    return f"{metric_text(claim)}: {rel}"
+
+
+def test_text(effect: Effect | None) -> str:
+    if effect is None or not effect.test:
+        return ""
+    if effect.test == TEST_PAIRED:
+        return f"paired t ({effect.n_pairs} seeds)"
+    if effect.test == TEST_WELCH:
+        return f"Welch t ({effect.n_arm} vs {effect.n_baseline} runs)"
+    return effect.test
+
+
+def reason_text(result: ClaimResult) -> str:
+    parts = [WHY_TEXT.get(result.why, result.why)] if result.why else []
+    if result.effect is not None:
+        parts += [NOTE_TEXT.get(n, n) for n in result.effect.notes]
+    return "; ".join(parts)
+
+
+def source_short(claim: Claim) -> str:
+    """``Xiong et al. 2020`` from ``Xiong et al. 2020, On Layer Normalization ... (arXiv:...)``."""
+    return claim.source.split(",")[0].strip()
+
+
+# --- the Claims section ---------------------------------------------------------------------------------
+CLAIMS_INTRO = (
+    "The claims this study declares (under claims in its experiment file), each decided from these runs: "
+    "the effect is arm − baseline (arm / baseline for a ratio metric, tested on logs) with the report's "
+    "statistics (paired t over shared seeds, else Welch). Held: the 95% interval lies on the expected side of "
+    "0 (of 1 for a ratio); contradicted: it lies on the other side; for 'equal within a margin', held when "
+    "the 90% interval lies inside the margin (two one-sided tests at 5%, TOST) and contradicted when the 95% "
+    "interval lies entirely outside it; inconclusive otherwise; untested when the runs hold no value for one "
+    "side. A claim that applies to several contexts (values of the other varied axes) is decided in each."
+)
+
+
+def claims_blocks(claims: ClaimSet) -> list[Any]:
+    """Heading, the rule, the table (one row per claim and context), and any claim-definition problems."""
+    from analysis.report import Bullets, Heading, Para, Table
+
+    headers = ["claim", "expected", "context", "effect [95% CI]", "test", "verdict"]
+    rows = []
+    for r in claims.results:
+        c, e = r.claim, r.effect
+        effect = f"{comparison_text(c)} = {effect_text(e, c)}" if e is not None else "–"
+        if e is not None and c.expect == EQUAL and interval_text(e.low90, e.high90, c):
+            effect += f"; 90% CI {interval_text(e.low90, e.high90, c)}"
+        note = reason_text(r)
+        rows.append([
+            f"{c.id}: {c.statement.rstrip('.')} ({c.source})", expectation_text(c), r.context, effect, test_text(e),
+            VERDICT_TEXT[r.verdict] + (f" ({note})" if note else ""),
+        ])  # fmt: skip
+    out: list[Any] = [Heading(2, "Claims"), Para(CLAIMS_INTRO), Table(headers, rows, frozenset({3}))]
+    problems = [f"{run}: {err} (its claims are ignored)" for run, err in claims.invalid]
+    problems += [
+        f"Claim {cid} is defined differently in different runs (the study file changed between runs): the "
+        f"definition of {used} of its {total} runs is used."
+        for cid, (used, total) in claims.conflicts.items()
+    ]
+    if problems:
+        out.append(Bullets(problems))
+    return out
+
+
+# --- the Findings list ----------------------------------------------------------------------------------
+def claim_finding(claims: ClaimSet, claim: Claim) -> str:
+    """One sentence: the verdict (with its count per context when there are several), the claim, and the
+    effect with its 95% interval in each context it was decided in."""
+    results = claims.of(claim.id)
+    overall = claims.verdict(claim.id)
+    tested = [r for r in results if r.effect is not None]
+    counts = ""
+    if len(results) > 1 and (overall == MIXED or len({r.verdict for r in results}) > 1):
+        tally = {v: sum(r.verdict == v for r in results) for v in (HELD, CONTRADICTED, INCONCLUSIVE, UNTESTED)}
+        counts = " (" + ", ".join(f"{VERDICT_TEXT[v]} in {n}" for v, n in tally.items() if n)
+        counts += f" of {len(results)} contexts)"
+    elif len(results) > 1:
+        counts = f" in all {len(results)} contexts"
+    head = f"{VERDICT_TEXT[overall].capitalize()}{counts}: {claim.statement.rstrip('.')} ({source_short(claim)})"
+    if not tested:
+        why = "; ".join(dict.fromkeys(WHY_TEXT.get(r.why, r.why) for r in results if r.why))
+        return f"{head}: not tested here ({why})."
+    parts = []
+    for r in tested[:MAX_CONTEXTS_IN_FINDING]:
+        where = "" if r.context == "all runs" else f" at {r.context}"
+        verdict = f" ({VERDICT_TEXT[r.verdict]})" if len(results) > 1 else ""
+        parts.append(f"{effect_text(r.effect, claim)}{where}{verdict}")
+    more = len(tested) - MAX_CONTEXTS_IN_FINDING
+    tail = f"; {more} more in the Claims table" if more > 0 else ""
+    return f"{head}; {metric_text(claim)}, {comparison_text(claim)}: " + "; ".join(parts) + tail + "."
+
+
+def effect_finding(row: pd.Series, baseline: str) -> str:
+    context = "" if row["context"] == "all runs" else f" ({row['context']})"
+    p = row["p_value"]
+    p_words = "p < 0.001" if _ok(p) and p < 0.001 else f"p = {p:.3f}" if _ok(p) else ""
+    return (
+        f"{row['axis']} = {row['arm']} vs {baseline}{context}: final val loss Δ {row['delta_final_val_loss']:+.4f} "
+        f"[{row['delta_ci_low']:+.4f}, {row['delta_ci_high']:+.4f}]" + (f", {p_words}" if p_words else "") + "."
+    )
+
+
+def findings(claims: ClaimSet | None, effects: pd.DataFrame, baselines: dict[str, str]) -> list[str]:
+    """The summary's first list: every claim's verdict with its numbers, then the largest effects on final
+    val loss (``effects``: rows of the comparison table, from analysis.claims.largest_effects; ``baselines``:
+    axis label -> its baseline arm)."""
+    items = [claim_finding(claims, c) for c in claims.claims] if claims is not None else []
+    if len(effects):
+        items += [
+            "Largest effect: " + effect_finding(row, baselines.get(row["axis"], "baseline"))
+            for _, row in effects.iterrows()
+        ]
+    else:
+        items.append("No arm's final val loss differs from its baseline's with a 95% interval that excludes 0.")
+    return items
+
+
+def speed_warning(unsteady: list[dict[str, Any]]) -> str | None:
+    if not unsteady:
+        return None
+    worst = max(unsteady, key=lambda u: u["spread"])
+    return (
+        f"Warning: tokens/s varies by more than {SPEED_SPREAD_LIMIT:g}x between the runs of {len(unsteady)} "
+        f"arm(s) (most: {worst['arm']}, {worst['low']:,.0f} to {worst['high']:,.0f} tokens/s, "
+        f"{worst['spread']:.1f}x): the machine was shared or busy, so speed ratios are not to be trusted."
+    )
