@@ -2,7 +2,10 @@
 
 The design is read from the configs, not declared: any config key whose value differs between runs is a
 candidate axis. Keys that always change together (``norm.name`` and ``norm.bias`` when RMSNorm has no bias)
-describe one intervention, so they are collapsed into one axis rather than reported twice. An axis is
+describe one intervention, so they are collapsed into one axis rather than reported twice. A bundle group
+(``arch=original,llama``, ``variant``, ``experiment``: options that set keys of other groups) is the
+intervention when its choice varies: the axis is named by it (``arch``, as the override is typed; in the run
+record it is ``choices.arch``), and every key that only changes with it is what it sets. An axis is
 compared *within* each context (a combination of the other axes' values), so a 2x2 design of norm x
 placement yields "layernorm vs rmsnorm" once under pre-norm and once under post-norm, never pooled across a
 confound.
@@ -20,10 +23,12 @@ instabilities").
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,7 +41,8 @@ from lm_ablate import metrics as M
 EXCLUDED_KEYS = frozenset(
     {M.SEED, "study", "train.progress", "train.device", "train.threads", "data.cache_dir"}
 )  # bookkeeping that differs between runs without being an intervention
-EXCLUDED_PREFIXES = ("choices.", "tracking.")
+CHOICES = M.CHOICES + "."  # choices.<group>: the option picked in each config group
+EXCLUDED_PREFIXES = (CHOICES, "tracking.")  # a group's choice repeats its <group>.name; bundle groups aside
 ALL_RUNS = "all runs"  # context label when there is no other varied axis
 AGGREGATED = (
     M.FINAL_VAL_LOSS, M.BEST_VAL_LOSS, M.GRAD_NORM_SPIKES, M.LOSS_SPIKES, M.MEAN_TOKENS_PER_SEC, M.MEAN_MFU,
@@ -45,16 +51,23 @@ ROW_COLUMNS = (
     "run_id", M.STATUS, M.SEED, *AGGREGATED, M.PARAMS_TOTAL, M.PARAMS_NON_EMBEDDING, M.STEPS,
 )  # what _arm_row reads  # fmt: skip
 LR_KEY = "optim.lr"
+CLAIMS_KEY = "claims"  # the study's claims (lm_ablate/claim_spec.py), read by analysis/claims.py
 TEST_PAIRED = "paired"  # the `test` column: which test gave delta, its interval and p
 TEST_WELCH = "welch"
 
 
 @dataclass(frozen=True)
 class Axis:
-    """One intervention: ``name`` is the key shown; ``keys`` all config keys that split runs identically."""
+    """One intervention: ``name`` is the config key whose values are its arms; ``keys`` all config keys it sets
+    (they split runs identically, or follow a bundle choice), ``name`` first."""
 
     name: str
     keys: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        """How the axis is shown and typed (``--by``): the key, or the group of a choice (``arch``)."""
+        return key_label(self.name)
 
 
 @dataclass
@@ -89,7 +102,7 @@ class ComparisonSet:
         cfg = configs.get(run_id)
         if cfg is None:
             return "(no config)"
-        return ", ".join(f"{ax.name}={fmt_value(cfg.get(ax.name))}" for ax in self.varied) or ALL_RUNS
+        return ", ".join(f"{ax.label}={fmt_value(cfg.get(ax.name))}" for ax in self.varied) or ALL_RUNS
 
 
 def fmt_value(value: Any) -> str:
@@ -132,19 +145,57 @@ def _matches(value: Any, text: str) -> bool:
     return value is None and text.strip().lower() in ("none", "~", "")
 
 
+@functools.cache
+def bundle_groups() -> frozenset[str]:
+    """The config groups whose options are bundles of other groups' keys: every file of the group is
+    ``# @package _global_`` (conf/arch, conf/experiment, conf/variant, conf/debug, ...). The option chosen in
+    such a group is the intervention; a plain group's choice (``choices.norm``) repeats its ``norm.name``."""
+    from lm_ablate.config import CONF_DIR
+
+    def bundle(folder: Path) -> bool:
+        files = list(folder.glob("*.yaml"))
+        return bool(files) and all(f.read_text(encoding="utf-8").startswith("# @package _global_") for f in files)
+
+    return frozenset(folder.name for folder in Path(CONF_DIR).iterdir() if folder.is_dir() and bundle(folder))
+
+
+def is_bundle_choice(key: str) -> bool:
+    return key.startswith(CHOICES) and key[len(CHOICES) :] in bundle_groups()
+
+
 def is_candidate(key: str) -> bool:
-    return key not in EXCLUDED_KEYS and not key.startswith(EXCLUDED_PREFIXES)
+    return is_bundle_choice(key) or (key not in EXCLUDED_KEYS and not key.startswith(EXCLUDED_PREFIXES))
+
+
+def key_label(key: str) -> str:
+    """A config key as an override spells it: ``choices.arch`` -> ``arch`` (``arch=llama``); others as they are."""
+    return key[len(CHOICES) :] if key.startswith(CHOICES) else key
+
+
+def resolve_key(key: str, known: Iterable[str]) -> str:
+    """The config key a user means: ``key`` itself, else the choice of the group it names (``arch``)."""
+    known = set(known)
+    return key if key in known or CHOICES + key not in known else CHOICES + key
 
 
 def _preferred(keys: Sequence[str]) -> str:
-    """Name an axis by the key a reader recognises: ``*.name`` (the option chosen), then ``*.placement``."""
-    return min(keys, key=lambda k: (not k.endswith(".name"), not k.endswith(".placement"), len(k), k))
+    """Name an axis by the key a reader recognises: a bundle choice (``arch``), ``*.name`` (the option
+    chosen), then ``*.placement``."""
+    return min(
+        keys,
+        key=lambda k: (not is_bundle_choice(k), not k.endswith(".name"), not k.endswith(".placement"), len(k), k),
+    )
 
 
 def _partition(run_ids: Sequence[str], configs: dict[str, dict[str, Any]], key: str) -> tuple[int, ...]:
     """Label each run by the first run sharing its value: equal tuples mean keys split runs identically."""
     first: dict[Any, int] = {}
     return tuple(first.setdefault(configs[r][key], len(first)) for r in run_ids)
+
+
+def _follows(labels: tuple[int, ...], by: tuple[int, ...]) -> bool:
+    """Is a key's partition ``labels`` a function of partition ``by`` (one value per value of ``by``)?"""
+    return len(set(zip(by, labels))) == len(set(by))
 
 
 def find_axes(rs: RunSet) -> tuple[list[Axis], dict[str, list[Any]], dict[str, Any], dict[str, list[Any]]]:
@@ -157,7 +208,8 @@ def find_axes(rs: RunSet) -> tuple[list[Axis], dict[str, list[Any]], dict[str, A
     for cfg in rs.configs.values():
         for key in cfg:
             order.setdefault(key, len(order))
-    keys = sorted(order, key=order.__getitem__)
+    # a study's claims (claim_spec) are what the report tests, not a setting: never an axis nor "held fixed"
+    keys = sorted((k for k in order if k != CLAIMS_KEY and not k.startswith(CLAIMS_KEY + ".")), key=order.__getitem__)
     varied: dict[str, list[Any]] = {}
     fixed: dict[str, Any] = {}
     for key in keys:
@@ -166,15 +218,39 @@ def find_axes(rs: RunSet) -> tuple[list[Axis], dict[str, list[Any]], dict[str, A
             varied[key] = values
         elif values:
             fixed[key] = values[0]
-    ignored = {k: v for k, v in varied.items() if not is_candidate(k)}
+    # a group's choice that repeats its <group>.name (choices.norm) is neither an axis nor bookkeeping
+    ignored = {
+        k: v
+        for k, v in varied.items()
+        if not is_candidate(k) and not (k.startswith(CHOICES) and f"{key_label(k)}.name" in varied)
+    }
     groups: dict[tuple[int, ...], list[str]] = {}
     for key in varied:
         if is_candidate(key):
             groups.setdefault(_partition(run_ids, rs.configs, key), []).append(key)
+    # a bundle (arch=original,gpt2,llama) sets every key that changes only with it, even one that two of its
+    # options share (norm.name is layernorm for original and gpt2): those keys are its, not axes of their own
+    for partition, members in groups.items():
+        if any(is_bundle_choice(k) for k in members):
+            for other, keys in groups.items():
+                if keys is not members and keys and not any(map(is_bundle_choice, keys)) and _follows(other, partition):
+                    members += keys
+                    keys.clear()
+    # likewise a group's option (optim.name=adafactor) sets its own keys of that group (optim.eps=1e-30,
+    # optim.momentum): a <group>.* key that changes only with <group>.name is the option's, not an axis
+    for partition, members in groups.items():
+        for prefix in [k[: -len("name")] for k in members if k.endswith(".name")]:
+            for other, keys in groups.items():
+                if (keys is not members and keys and all(k.startswith(prefix) for k in keys)
+                        and _follows(other, partition)):  # fmt: skip
+                    members += keys
+                    keys.clear()
     axes = []
     for members in groups.values():
-        name = _preferred(members)
-        axes.append(Axis(name, (name, *(k for k in members if k != name))))
+        if members:
+            name = _preferred(members)
+            others = sorted((k for k in members if k != name), key=order.__getitem__)
+            axes.append(Axis(name, (name, *others)))
     return axes, varied, fixed, ignored
 
 
@@ -205,33 +281,37 @@ def compare_runs(rs: RunSet, by: Sequence[str] | None = None, baseline: str | No
             if _has_contrast(axis, axes, run_ids, rs):
                 chosen.append(axis)
             else:
-                others = ", ".join(a.name for a in axes if a != axis)
+                others = ", ".join(a.label for a in axes if a != axis)
                 notes.append(
-                    f"{axis.name} varies only together with other axes ({others}): no context holds "
+                    f"{axis.label} varies only together with other axes ({others}): no context holds "
                     "two of its values, so it is not compared on its own"
                 )
     base = parse_baseline(baseline)
+    if base is not None:
+        base = (resolve_key(base[0], (k for ax in chosen for k in ax.keys)), base[1])
     if base is not None and not any(base[0] in ax.keys for ax in chosen):
         raise AnalysisError(
-            f"--baseline key {base[0]!r} is not a compared axis; compared: "
-            + (", ".join(k for ax in chosen for k in ax.keys) or "none")
+            f"--baseline key {key_label(base[0])!r} is not a compared axis; compared: "
+            + (", ".join(key_label(k) for ax in chosen for k in ax.keys) or "none")
         )
     comparisons = [_compare_axis(rs, axis, axes, run_ids, base) for axis in chosen]
     return ComparisonSet(comparisons, axes, varied, fixed, ignored, left_out, notes)
 
 
-def _axis_for_key(key: str, axes: list[Axis], varied: dict[str, list[Any]], fixed: dict[str, Any]) -> Axis:
+def _axis_for_key(typed: str, axes: list[Axis], varied: dict[str, list[Any]], fixed: dict[str, Any]) -> Axis:
+    """The axis ``--by typed`` asks for: a config key, or a group whose choice it compares (``arch``)."""
+    key = resolve_key(typed, [*varied, *fixed])
     for axis in axes:
         if key in axis.keys:
             return Axis(key, (key, *(k for k in axis.keys if k != key)))
     if key in varied:  # bookkeeping key the user asked for anyway (e.g. train.device)
         return Axis(key, (key,))
-    available = ", ".join(k for ax in axes for k in ax.keys) or "none"
+    available = ", ".join(key_label(k) for ax in axes for k in ax.keys) or "none"
     if key in fixed:
         raise AnalysisError(
-            f"--by {key}: does not vary (every run has {fmt_value(fixed[key])}); keys that vary: {available}"
+            f"--by {typed}: does not vary (every run has {fmt_value(fixed[key])}); keys that vary: {available}"
         )
-    raise AnalysisError(f"--by {key}: unknown config key; keys that vary: {available}")
+    raise AnalysisError(f"--by {typed}: unknown config key; keys that vary: {available}")
 
 
 def _other_axes(axis: Axis, axes: list[Axis]) -> list[Axis]:
@@ -244,7 +324,7 @@ def _launch_order(run_id: str) -> list[tuple[int, Any]]:
 
 
 def _context(cfg: dict[str, Any], others: list[Axis]) -> str:
-    return ", ".join(f"{a.name}={fmt_value(cfg[a.name])}" for a in others) or ALL_RUNS
+    return ", ".join(f"{a.label}={fmt_value(cfg[a.name])}" for a in others) or ALL_RUNS
 
 
 def _has_contrast(axis: Axis, axes: list[Axis], run_ids: list[str], rs: RunSet) -> bool:
@@ -279,7 +359,8 @@ def _compare_axis(
         hits = _sorted_values(rs.configs[r][axis.name] for r in run_ids if _matches(rs.configs[r][key], text))
         if not hits:
             shown = ", ".join(_sorted_values(fmt_value(rs.configs[r][key]) for r in run_ids))
-            raise AnalysisError(f"--baseline {key}={text}: no run has that value; values of {key}: {shown}")
+            label = key_label(key)
+            raise AnalysisError(f"--baseline {label}={text}: no run has that value; values of {label}: {shown}")
         baseline = fmt_value(hits[0])
     assignment, contexts = _assign(rs, axis, axes, run_ids)
     members: dict[tuple[str, str], list[str]] = {}
@@ -314,25 +395,29 @@ def _completed(runs: list[Run]) -> list[Run]:
     return [r for r in runs if r[M.STATUS] == M.STATUS_COMPLETED]
 
 
-def _seeds(runs: list[Run]) -> dict[float, float] | None:
-    """Final val loss by seed, or None when a seed is unknown or repeated (then runs cannot be paired)."""
+def _seeds(runs: list[Run], key: str = M.FINAL_VAL_LOSS) -> dict[float, float] | None:
+    """``key`` (final val loss) by seed, or None when a seed is unknown or repeated (then runs cannot be paired)."""
     seeds = [_num(r[M.SEED]) for r in runs]
     if any(not math.isfinite(s) for s in seeds) or len(set(seeds)) < len(seeds):
         return None
-    return {s: _num(r[M.FINAL_VAL_LOSS]) for s, r in zip(seeds, runs)}
+    return {s: _num(r[key]) for s, r in zip(seeds, runs)}
 
 
-def compare_to_baseline(arm: list[Run], base: list[Run]) -> dict[str, Any]:
-    """Δ final val loss (arm - baseline) over the completed runs given: the paired t-test on the seeds both
-    ran when they share at least two (seeds that only one arm ran are left out of it), else Welch's t-test."""
-    a, b = _seeds(arm), _seeds(base)
+def compare_to_baseline(
+    arm: list[Run], base: list[Run], key: str = M.FINAL_VAL_LOSS, confidence: float = 0.95
+) -> dict[str, Any]:
+    """Δ final val loss (or any per-run value ``key``; arm - baseline) over the runs given, with its
+    ``confidence`` interval: the paired t-test on the seeds both ran when they share at least two (seeds that
+    only one arm ran are left out of it), else Welch's t-test. The result keeps the final-val-loss column
+    names whatever ``key`` is (analysis/claims.py reads other metrics through it)."""
+    a, b = _seeds(arm, key), _seeds(base, key)
     shared = sorted(set(a) & set(b)) if a is not None and b is not None else []
     if len(shared) >= 2:
-        delta, low, high, p, n = paired([a[s] for s in shared], [b[s] for s in shared])  # type: ignore[index]
+        delta, low, high, p, n = paired([a[s] for s in shared], [b[s] for s in shared], confidence)  # type: ignore[index]
         if n >= 2:
             return {"delta_final_val_loss": delta, "delta_ci_low": low, "delta_ci_high": high,
                     "p_value": p, "test": TEST_PAIRED, "n_pairs": n}  # fmt: skip
-    delta, low, high, p = welch([_num(r[M.FINAL_VAL_LOSS]) for r in arm], [_num(r[M.FINAL_VAL_LOSS]) for r in base])
+    delta, low, high, p = welch([_num(r[key]) for r in arm], [_num(r[key]) for r in base], confidence)
     return {"delta_final_val_loss": delta, "delta_ci_low": low, "delta_ci_high": high, "p_value": p,
             "test": TEST_WELCH if math.isfinite(p) else "", "n_pairs": 0}  # fmt: skip
 
@@ -351,7 +436,7 @@ def _arm_row(
     diverged = [r for r in runs if r[M.STATUS] == M.STATUS_DIVERGED]
     other = [r for r in runs if r[M.STATUS] not in (M.STATUS_COMPLETED, M.STATUS_DIVERGED)]
     row: dict[str, Any] = {
-        "axis": axis.name,
+        "axis": axis.label,
         "context": context,
         "arm": arm,
         "is_baseline": is_baseline,

@@ -40,7 +40,7 @@ SUMMARY_KEYS = (
     M.RUN_NAME, M.GROUP, M.CHOICES, M.SEED, M.FINAL_VAL_LOSS, M.BEST_VAL_LOSS, M.FINAL_TRAIN_LOSS,
     M.GRAD_NORM_SPIKES, M.LOSS_SPIKES, M.MEAN_TOKENS_PER_SEC, M.MEAN_MFU, M.PARAMS_TOTAL,
     M.PARAMS_NON_EMBEDDING, M.STEPS, M.TOTAL_TOKENS, M.WALL_TIME_S, M.DIVERGED_AT, M.SKIPPED_STEPS,
-    M.STOP_REASON, M.ERROR,
+    M.STOP_REASON, M.ERROR, M.FLOPS_PER_TOKEN,
 )  # fmt: skip
 TEXT_SUMMARY_KEYS = (M.RUN_NAME, M.GROUP, M.CHOICES, M.STOP_REASON, M.ERROR)
 NUMERIC_SUMMARY_KEYS = tuple(k for k in SUMMARY_KEYS if k not in TEXT_SUMMARY_KEYS)
@@ -218,7 +218,7 @@ def _read_metrics_lines(text: str, run_id: str, problems: list[str]) -> pd.DataF
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = M.from_json(json.loads(line))  # "NaN"/"Infinity" strings back to floats
             step = row[M.STEP]
             if not isinstance(row, dict) or isinstance(step, bool) or not float(step).is_integer():
                 raise ValueError
@@ -421,7 +421,7 @@ def _parse_lines(data: bytes, limit: int, from_end: bool) -> list[dict[str, Any]
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = M.from_json(json.loads(line))  # "NaN"/"Infinity" strings back to floats
             step = row[M.STEP]
             if isinstance(step, bool) or not float(step).is_integer():
                 return None
@@ -673,7 +673,7 @@ def read_summary(path: Path, run_id: str, problems: list[str]) -> tuple[dict[str
         problems.append(f"{run_id}: no {M.SUMMARY_FILE} (killed early?); status {STATUS_INCOMPLETE}")
         return None, STATUS_INCOMPLETE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = M.from_json(json.loads(path.read_text(encoding="utf-8")))  # "NaN"/"Infinity" back to floats
         if not isinstance(data, dict):
             raise TypeError("not a JSON object")
     except (OSError, ValueError, TypeError) as exc:
@@ -797,8 +797,16 @@ def _is_extra(key: str) -> bool:
 
 
 def _fill_missing_keys(configs: dict[str, dict[str, Any]]) -> None:
-    """Give every config every key, so a key present in only some runs reads as a difference between them."""
+    """Give every config every key, so a key present in only some runs reads as a difference between them. A
+    key of today's config schema that an older run lacks counts as the schema's default (adding a key to the
+    schema changes no old run's meaning); any other missing key is MISSING_VALUE."""
     keys = {k for cfg in configs.values() for k in cfg}
+    if not any(keys - cfg.keys() for cfg in configs.values()):
+        return
+    from lm_ablate.checkpoint import schema_defaults
+
+    defaults = {k: _leaf(v) for k, v in schema_defaults().items() if v != "???"}
     for cfg in configs.values():
         for key in keys - cfg.keys():
-            cfg[key] = MISSING_VALUE
+            # a group that did not exist yet had no choice: choices.<group> null, as for a group left at null
+            cfg[key] = None if key.startswith(f"{M.CHOICES}.") else defaults.get(key, MISSING_VALUE)

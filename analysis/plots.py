@@ -299,7 +299,7 @@ def _log_ticks_in_view(axis: Any) -> None:
 
 
 def _title(what: str, comp: Comparison, page: int, pages: int) -> str:
-    return f"{what} by {comp.axis.name}" + (f" ({page}/{pages})" if pages > 1 else "")
+    return f"{what} by {comp.axis.label}" + (f" ({page}/{pages})" if pages > 1 else "")
 
 
 # --- curves over steps ----------------------------------------------------------------------------------
@@ -391,7 +391,7 @@ def curve_figures(
             + _not_completed_note(rs, comp, contexts)
             + (_omitted_note(comp, max_pages) if page == len(pages) else "")
         )
-        out.append(PlotFigure(f"{slug(comp.axis.name)}_{kind}_{page}", title, text, _png(fig)))
+        out.append(PlotFigure(f"{slug(comp.axis.label)}_{kind}_{page}", title, text, _png(fig)))
     return out
 
 
@@ -410,7 +410,7 @@ def loss_figures(
     kind = "val-loss" if metric == M.VAL_LOSS else "train-loss" if metric == M.TRAIN_LOSS else slug(metric)
     return curve_figures(
         rs, comp, lambda r: _curve(rs, r, metric), label=metric, kind=kind, smoothing=smoothing,
-        caption=f"{metric} per arm of {comp.axis.name}, one panel per context.", max_pages=max_pages,
+        caption=f"{metric} per arm of {comp.axis.label}, one panel per context.", max_pages=max_pages,
     )  # fmt: skip
 
 
@@ -422,8 +422,7 @@ def attention_logit_figures(rs: RunSet, comp: Comparison, max_pages: int | None 
     return curve_figures(
         rs, comp, lambda r: _curve(rs, r, MAX_ATTN_LOGIT_ALL), label="max attention logit", kind="attn-logit",
         caption=(f"Largest pre-softmax attention logit over all layers at each probe step, per arm of "
-                 f"{comp.axis.name} (log scale); logits that keep growing precede attention-entropy "
-                 "collapse and loss spikes."),
+                 f"{comp.axis.label} (log scale)."),
         log_y=True, max_pages=max_pages,
     )  # fmt: skip
 
@@ -437,8 +436,7 @@ def logit_growth_figures(rs: RunSet, comp: Comparison, max_pages: int | None = N
     what = "largest |output logit|" if metric == M.LOGITS_MAX_ABS else "mean log-partition log Z"
     return curve_figures(
         rs, comp, lambda r: _curve(rs, r, metric), label=metric, kind="logit-growth",
-        caption=(f"Output-logit growth: {metric} ({what}) on the probe batch, per arm of {comp.axis.name}; "
-                 "output logits that drift upwards are the divergence z-loss guards against."),
+        caption=f"Output-logit growth: {metric} ({what}) on the probe batch, per arm of {comp.axis.label}.",
         max_pages=max_pages,
     )  # fmt: skip
 
@@ -508,11 +506,11 @@ def grad_norm_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None
         caption = (
             "Gradient norm before clipping, every run drawn on its own (log scale); "
             "triangles mark steps the "
-            f"spike detector flagged. One panel per context of {comp.axis.name}."
+            f"spike detector flagged. One panel per context of {comp.axis.label}."
             + _not_completed_note(rs, comp, contexts, averaged=False)
             + (_omitted_note(comp, max_pages) if page == len(pages) else "")
         )
-        out.append(PlotFigure(f"{slug(comp.axis.name)}_grad-norm_{page}", title, caption, _png(fig)))
+        out.append(PlotFigure(f"{slug(comp.axis.label)}_grad-norm_{page}", title, caption, _png(fig)))
     return out
 
 
@@ -581,7 +579,7 @@ def _profile_figures(
         title = _title(what, comp, page, len(pages))
         fig.suptitle(_text(title, 90), fontsize=11)
         text = caption + (_omitted_note(comp, max_pages) if page == len(pages) else "")
-        out.append(PlotFigure(f"{slug(comp.axis.name)}_{kind}_{page}", title, text, _png(fig)))
+        out.append(PlotFigure(f"{slug(comp.axis.label)}_{kind}_{page}", title, text, _png(fig)))
     return out
 
 
@@ -624,10 +622,9 @@ def init_grad_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None
     return _profile_figures(
         rs, comp, values, lambda status: True, what="per-layer grad norm at init", kind="init-grad-norm",
         xlabel="layer", ylabel="grad norm at first probe (log)", log_y=True, max_pages=max_pages,
-        caption=(f"Gradient norm of each block at the first probe row{at}, before any update has had much "
-                 f"effect, per arm of {comp.axis.name}; mean over all runs with 95% CI bars. Post-norm "
-                 "blocks are expected to show gradients growing towards the output layers (Xiong et al. "
-                 "2020), pre-norm blocks a flat profile."),
+        caption=(f"Gradient norm of each block (L2 over the block's parameters) at the first probe row{at}, "
+                 f"computed from the initial weights, per arm of {comp.axis.label}, layer 0 nearest the input; "
+                 "mean over all runs with 95% CI bars (log scale)."),
     )  # fmt: skip
 
 
@@ -661,7 +658,7 @@ def extrapolation_figures(rs: RunSet, comp: Comparison, max_pages: int | None = 
         kind="extrapolation", xlabel="evaluation context / training context (k)", ylabel="val loss",
         log_x=True, max_pages=max_pages,
         caption=(f"Validation loss at k times the training context (val/loss@<k>x, from each run's final "
-                 f"metrics row; k=1: final val loss), per arm of {comp.axis.name}; mean over completed runs "
+                 f"metrics row; k=1: final val loss), per arm of {comp.axis.label}; mean over completed runs "
                  "with 95% CI bars. A flat curve extrapolates; a rising one does not."),
     )  # fmt: skip
 
@@ -737,23 +734,23 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
                             color=color, transform=trans, clip_on=False)  # fmt: skip
             ax.set_xscale("log")
             _log_ticks_in_view(ax.xaxis)
-            _style(ax, title, sweep.axis.name + " (log)", f"final {M.VAL_LOSS}")
+            _style(ax, title, sweep.axis.label + " (log)", f"final {M.VAL_LOSS}")
         _legend(fig, page_labels, extra)
-        title = f"final {M.VAL_LOSS} vs {sweep.axis.name}" + (
+        title = f"final {M.VAL_LOSS} vs {sweep.axis.label}" + (
             f" ({page}/{len(shown_pages)})" if len(shown_pages) > 1 else ""
         )
         fig.suptitle(_text(title, 90), fontsize=11)
         colour = f"; colour: {line_axis}, one panel per value of the rest" if line_axis and len(panels) > 1 else ""
         omitted = len(shown_pages) < len(pages) and page == len(shown_pages)
         caption = (
-            f"Final validation loss against {sweep.axis.name} (log scale), one line per arm (the values "
+            f"Final validation loss against {sweep.axis.label} (log scale), one line per arm (the values "
             f"of the other varied axes{colour}): mean over completed runs with 95% Student-t bars (none with "
             "one seed). The circle marks each arm's best LR; an X along the top marks an LR at which a run of "
             "that arm diverged (a diverged run has no final loss to plot)."
             + (f" Only the first {sum(len(p) for p in shown_pages)} of {len(panels)} panels are drawn; the "
                "table holds every arm." if omitted else "")
         )  # fmt: skip
-        out.append(PlotFigure(f"{slug(sweep.axis.name)}_lr-sweep_{page}", title, caption, _png(fig)))
+        out.append(PlotFigure(f"{slug(sweep.axis.label)}_lr-sweep_{page}", title, caption, _png(fig)))
     return out
 
 

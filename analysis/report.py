@@ -29,6 +29,8 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.best_lr import BestLRComparison, compare_at_best_lr
+from analysis.claims import ClaimSet, annotate_comparisons, evaluate_claims, largest_effects, unsteady_speed
 from analysis.compare import (
     ALL_RUNS,
     TEST_PAIRED,
@@ -38,12 +40,16 @@ from analysis.compare import (
     LRSweep,
     compare_runs,
     fmt_value,
+    key_label,
     lr_sweep,
 )
+from analysis.heatmap_plots import heatmap_figures
 from analysis.load import MAX_ATTN_LOGIT_ALL, AnalysisError, RunSet, load_runs, merge
 from analysis.parallel import default_workers, fork_map
 from analysis.plots import MAX_PANELS, PlotFigure, comparison_figure_jobs, lr_figures
+from analysis.scaling import ScalingStudy, scaling_study
 from lm_ablate import metrics as M
+from lm_ablate.sweep_check import unwritable
 
 MAX_PAGES = 2  # figure pages per kind and comparison (12 contexts): more would bury the report
 FIGURE_BUDGET = 40  # figures in a report; above it, one page per kind and comparison (6 contexts)
@@ -64,8 +70,9 @@ CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;
  padding:0 1em;color:#222;line-height:1.45}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}h3{margin-top:1.5em}
-.scroll{overflow-x:auto}table{border-collapse:collapse;font-size:.85em;margin:.8em 0}
+.scroll{overflow-x:auto;max-width:100%}table{border-collapse:collapse;font-size:.85em;margin:.8em 0}
 th,td{border:1px solid #ddd;padding:.3em .55em;text-align:left;vertical-align:top}
+td{max-width:32em;overflow-wrap:break-word}p,li,summary,figcaption{overflow-wrap:anywhere}
 th{background:#f3f3f3}tr:nth-child(even) td{background:#fafafa}td.num{text-align:right;white-space:nowrap}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
 code{background:#f3f3f3;padding:0 .2em}
@@ -157,17 +164,23 @@ def _status_counts(rs: RunSet) -> str:
     return ", ".join(f"{n} {status}" for status, n in counts.items())
 
 
-def _summary_blocks(rs: RunSet, cs: ComparisonSet) -> list[Block]:
+def _summary_blocks(
+    rs: RunSet, cs: ComparisonSet, findings: Sequence[str] = (), warnings: Sequence[str] = ()
+) -> list[Block]:
+    """The Summary: the Findings first (claim verdicts and the largest effects, with their numbers), then what
+    was run, what varied and what was held fixed, and ``warnings``."""
     studies = sorted({str(v) for v in rs.runs.get("study", pd.Series(dtype=object)).dropna()})
     out: list[Block] = [Heading(2, "Summary")]
+    if findings:
+        out += [Heading(3, "Findings"), Bullets(list(findings)), Heading(3, "Runs")]
     items = [f"Runs: {len(rs.runs)} ({_status_counts(rs)})."]
     if studies:
         items.append("Study: " + ", ".join(studies) + ".")
     if cs.varied:
         for axis in cs.varied:
             values = ", ".join(fmt_value(v) for v in cs.values[axis.name])
-            along = f" (changes together with {', '.join(axis.keys[1:])})" if len(axis.keys) > 1 else ""
-            items.append(f"Varied: {axis.name} = {values}{along}.")
+            along = f" (changes together with {_keys_text(axis.keys[1:])})" if len(axis.keys) > 1 else ""
+            items.append(f"Varied: {axis.label} = {values}{along}.")
     else:
         items.append("Varied: no config key differs between the runs, so there is nothing to compare.")
     if cs.ignored:
@@ -179,7 +192,7 @@ def _summary_blocks(rs: RunSet, cs: ComparisonSet) -> list[Block]:
     if cs.left_out:
         items.append("Left out of comparisons (no readable config): " + ", ".join(cs.left_out) + ".")
     compared = {k for comp in cs.comparisons for k in comp.axis.keys}
-    uncompared = [axis.name for axis in cs.varied if not set(axis.keys) & compared]
+    uncompared = [axis.label for axis in cs.varied if not set(axis.keys) & compared]
     if len(studies) > 1 or uncompared:
         parts = [f"they come from {len(studies)} studies ({', '.join(studies)})"] if len(studies) > 1 else []
         parts += ["also varied but not compared: " + ", ".join(uncompared)] if uncompared else []
@@ -188,12 +201,16 @@ def _summary_blocks(rs: RunSet, cs: ComparisonSet) -> list[Block]:
             + "; ".join(parts)
             + ". Each comparison holds the other varied keys fixed within a context; nothing is pooled across them."
         )
-    items += cs.notes
+    items += [*cs.notes, *warnings]
     out.append(Bullets(items))
     if cs.fixed:
         rows = [[key, fmt_value(value)] for key, value in cs.fixed.items()]
         out.append(Details(f"Held fixed: {len(cs.fixed)} config keys", [Table(["key", "value"], rows)]))
     return out
+
+
+def _keys_text(keys: Sequence[str]) -> str:
+    return ", ".join(key_label(k) for k in keys)
 
 
 def _pm(row: pd.Series, metric: str, digits: int = 4, comma: bool = False) -> str:
@@ -253,10 +270,10 @@ def _comparison_table(comp: Comparison) -> Table:
 
 def _comparison_blocks(comp: Comparison, index: int, figures: list[PlotFigure]) -> list[Block]:
     axis = comp.axis
-    out: list[Block] = [Heading(2, f"{index}. {axis.name}: " + " vs ".join(comp.arms))]
-    text = f"Arms: values of {axis.name}"
+    out: list[Block] = [Heading(2, f"{index}. {axis.label}: " + " vs ".join(comp.arms))]
+    text = f"Arms: values of {axis.label}"
     if len(axis.keys) > 1:
-        text += f" (which also sets {', '.join(axis.keys[1:])})"
+        text += f" (which also sets {_keys_text(axis.keys[1:])})"
     text += f"; baseline: {comp.baseline}. "
     text += (
         "Compared within each context (the values of the other varied axes)."
@@ -270,12 +287,36 @@ def _comparison_blocks(comp: Comparison, index: int, figures: list[PlotFigure]) 
     return out
 
 
-def _lr_blocks(sweep: LRSweep, figures: list[PlotFigure]) -> list[Block]:
+def _best_lr_blocks(best: BestLRComparison) -> list[Block]:
+    """Each arm at its own best LR against the baseline arm at its own best (analysis/best_lr.py)."""
+    rows = []
+    for _, b in best.table.iterrows():
+        row = b.rename({"baseline": "is_baseline"})
+        lr = fmt_value(b["best_lr"]) if _ok(b["best_lr"]) else "–"
+        rows.append([
+            b["context"], lr + (" ⚠ grid edge" if b["best_at_edge"] else ""),
+            mean_pm(b[f"{M.FINAL_VAL_LOSS}_mean"], b[f"{M.FINAL_VAL_LOSS}_ci_low"], b[f"{M.FINAL_VAL_LOSS}_ci_high"]),
+            delta_text(row), p_text(b.get("p_value")), test_text(row),
+        ])  # fmt: skip
+    headers = ["arm", "its best LR", "final val loss there (mean ± 95% CI)", "Δ vs baseline at its best", "p", "test"]
+    return [
+        Heading(3, "Each arm at its own best learning rate"),
+        Para(
+            f"Baseline: {best.baseline}, at its own best LR. Every arm is compared where it is best (arms tuned "
+            "alike: Wen et al. 2025 find most claimed optimizer speed-ups shrink to 1.1-1.4x once each is tuned). "
+            "The best LR is picked on the same runs its loss is read from, so each loss at best is biased a little "
+            "low, alike for equal grids; an arm at its grid's edge may do better beyond it."
+        ),
+        Table(headers, rows, frozenset({2, 3, 4})),
+    ]
+
+
+def _lr_blocks(sweep: LRSweep, figures: list[PlotFigure], at_best: BestLRComparison | None = None) -> list[Block]:
     final = M.FINAL_VAL_LOSS
     out: list[Block] = [
-        Heading(2, f"Learning rate ({sweep.axis.name})"),
+        Heading(2, f"Learning rate ({sweep.axis.label})"),
         Para(
-            f"{sweep.axis.name} varies ({len(sweep.lrs)} values). Per arm (the values of the other varied "
+            f"{sweep.axis.label} varies ({len(sweep.lrs)} values). Per arm (the values of the other varied "
             "axes): the LR with the lowest mean final val loss over completed runs (⚠ at an end of the grid: "
             "the optimum may lie beyond it), and the LR sensitivity E_lr[min(loss(lr), loss_init) − loss*] "
             "(Wortsman et al. 2023; diverged runs count as their init loss; see 'How to read this'). Lower "
@@ -306,6 +347,8 @@ def _lr_blocks(sweep: LRSweep, figures: list[PlotFigure]) -> list[Block]:
          "loss(lr) for sensitivity"], point_rows, frozenset({2, 3, 4, 5, 6}))]))  # fmt: skip
     if sweep.notes:
         out.append(Bullets(list(sweep.notes)))
+    if at_best is not None:
+        out += _best_lr_blocks(at_best)
     out += [Fig(fig, f"lr_{fig.name}.png") for fig in figures]
     return out
 
@@ -400,6 +443,7 @@ def _figure_job_list(rs: RunSet, cs: ComparisonSet, sweep: LRSweep | None, smoot
         jobs.append((0, lambda: lr_figures(sweep, max_pages)))
     for i, comp in enumerate(cs.comparisons, 1):
         jobs += [(i, job) for job in comparison_figure_jobs(rs, comp, smoothing, max_pages)]
+        jobs.append((i, lambda comp=comp: heatmap_figures(rs, comp)))
     return jobs
 
 
@@ -411,10 +455,13 @@ def build_blocks(
     sweep: LRSweep | None = None,
     workers: int = 1,
     max_pages: int | None = MAX_PAGES,
+    scaling: ScalingStudy | None = None,
+    claims: ClaimSet | None = None,
 ) -> list[Block]:
-    """The report as blocks. Figures are drawn first, in ``workers`` forked processes. A big sweep (more
-    than FIGURE_BUDGET figures at ``max_pages``) gets one page per figure kind: each figure costs ~0.5 s to
-    draw, and the tables hold every context anyway."""
+    """The report as blocks: the study's claims and their verdicts first (when it declares any), then the
+    summary opening with the Findings, the sections, and the run listings. Figures are drawn first, in
+    ``workers`` forked processes. A big sweep (more than FIGURE_BUDGET figures at ``max_pages``) gets one page
+    per figure kind: each figure costs ~0.5 s to draw, and the tables hold every context anyway."""
     if max_pages and max_pages > 1:
         pages = sum(min(max_pages, math.ceil(len(c.contexts) / MAX_PANELS)) for c in cs.comparisons)
         if pages * FIGURE_KINDS > FIGURE_BUDGET:
@@ -425,11 +472,21 @@ def build_blocks(
     for (section, _), figs in zip(jobs, drawn):
         figures.setdefault(section, []).extend(figs)
     blocks: list[Block] = [Heading(1, title)]
-    blocks += _summary_blocks(rs, cs)
+    from analysis.claims_report import claims_blocks, findings, speed_warning  # it imports this module's blocks
+
+    if claims is not None and claims.results:
+        blocks += claims_blocks(claims)
+    baselines = {comp.axis.label: comp.baseline for comp in cs.comparisons}
+    warning = speed_warning(unsteady_speed(rs, cs))
+    blocks += _summary_blocks(rs, cs, findings(claims, largest_effects(cs), baselines), [warning] if warning else [])
     if sweep is not None:
-        blocks += _lr_blocks(sweep, figures.get(0, []))
+        blocks += _lr_blocks(sweep, figures.get(0, []), compare_at_best_lr(rs, sweep=sweep))
     for i, comp in enumerate(cs.comparisons, 1):
         blocks += _comparison_blocks(comp, i, figures.get(i, []))
+    if scaling is not None:
+        from analysis.scaling_report import scaling_blocks  # it imports this module's block types
+
+        blocks += scaling_blocks(scaling, dict(zip(rs.runs["run_id"], rs.runs[M.STATUS])))
     blocks += _failed_blocks(rs, cs) + _runs_blocks(rs, cs) + _problem_blocks(rs)
     blocks += [Heading(2, "How to read this"), Para(HOW_TO_READ)]
     return blocks
@@ -567,6 +624,16 @@ def _text_or_null(v: Any) -> Any:
     return v if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
 
+def check_out_dir(path: str | Path, flag: str = "--out") -> None:
+    """Raise :class:`AnalysisError` (one line naming ``flag``, the path and why) unless ``path`` is a folder this
+    process can create and write into; checked before any work, and nothing is left behind."""
+    why = unwritable(path)
+    if why is not None:
+        raise AnalysisError(
+            f"{flag} {path}: cannot create or write into this folder ({why}); allowed: a writable folder"
+        )
+
+
 def build_report(
     paths: Sequence[str | Path] | str | Path | None,
     out_dir: str | Path,
@@ -581,37 +648,51 @@ def build_report(
 ) -> Path:
     """Load the runs under ``paths`` (and/or of the W&B project ``wandb``), compare them and write
     report.html, report.md (with its PNGs), runs.csv/.parquet, comparisons.csv/.parquet and, when the
-    learning rate varies, lr_sweep.csv/.parquet and lr_points.csv/.parquet into ``out_dir``. Returns the
-    path of report.html.
+    learning rate varies, lr_sweep.csv/.parquet and lr_points.csv/.parquet, and when the runs' study declares
+    claims, claims.csv/.parquet (comparisons.csv then names the claims each row decided) into ``out_dir``.
+    Returns the path of report.html.
 
     ``baseline`` is ``"KEY=VALUE"``. ``workers``: processes for loading and drawing (default: the CPUs this
     process may use, at most 8). Raises :class:`AnalysisError` (one line) for no runs or a bad key.
     """
     workers = default_workers() if workers is None else max(1, workers)
+    check_out_dir(out_dir)
     rs = load_sources(paths, out_dir, wandb, group, offline, workers)
     cs = compare_runs(rs, by=by, baseline=baseline)
     sweep = lr_sweep(rs)
+    scaling = scaling_study(rs, baseline)
+    claims = evaluate_claims(rs, scaling=scaling)
     title = title or default_title(rs)
-    blocks = build_blocks(rs, cs, title, smoothing, sweep, workers)
+    blocks = build_blocks(rs, cs, title, smoothing, sweep, workers, scaling=scaling, claims=claims)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for fig in _figures(blocks):
-        (out / fig.file_name).write_bytes(fig.figure.png)
-    (out / "report.md").write_text(render_markdown(blocks), encoding="utf-8")
-    write_table(rs.runs, out, "runs")
-    write_table(cs.table, out, "comparisons")
-    if sweep is not None:
-        write_table(sweep.best, out, "lr_sweep")
-        write_table(sweep.points, out, "lr_points")
-    path = out / "report.html"
-    path.write_text(render_html(blocks, title), encoding="utf-8")
+    try:  # checked at the start; the folder can still vanish or the disk fill up while the report is drawn
+        out.mkdir(parents=True, exist_ok=True)
+        for fig in _figures(blocks):
+            (out / fig.file_name).write_bytes(fig.figure.png)
+        (out / "report.md").write_text(render_markdown(blocks), encoding="utf-8")
+        write_table(rs.runs, out, "runs")
+        write_table(annotate_comparisons(cs.table, claims), out, "comparisons")
+        if claims.results:
+            write_table(claims.table, out, "claims")
+        if sweep is not None:
+            write_table(sweep.best, out, "lr_sweep")
+            write_table(sweep.points, out, "lr_points")
+        if scaling is not None:
+            write_table(scaling.table, out, "scaling")
+            write_table(scaling.rung_table, out, "scaling_rungs")
+        path = out / "report.html"
+        path.write_text(render_html(blocks, title), encoding="utf-8")
+    except OSError as err:
+        raise AnalysisError(
+            f"--out {out_dir}: cannot write the report: {err.strerror or err} ({err.filename})"
+        ) from None
     return path.resolve()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m analysis.report",
-        description="Compare lm-ablate runs: tables with 95%% CIs, curves, and a self-contained HTML report.",
+        description="Compare lm-ablate runs: tables with 95% CIs, curves, and a self-contained HTML report.",
     )
     parser.add_argument("paths", nargs="*", help="run directories, multirun roots, or folders holding them")
     parser.add_argument("--out", required=True, help="directory to write report.html, report.md and CSVs into")
@@ -637,4 +718,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the imported module's main, not __main__'s: analysis.scaling_report builds blocks from analysis.report's
+    # classes, and a second copy of them (this one) would not match them
+    from analysis.report import main as report_main
+
+    sys.exit(report_main())

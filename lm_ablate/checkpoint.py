@@ -26,19 +26,22 @@ FORMAT = 1
 DIR_NAME = "checkpoints"
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
 
-# config sections that may differ between the interrupted and the resumed run (they do not change the math)
+# config sections that may differ between the interrupted and the resumed run (they do not change the math).
+# Not the budgets: train.max_steps / max_tokens / max_time_s set the LR schedule's horizon, and two horizons
+# spliced into one run would be two schedules.
 RESUME_MAY_DIFFER = (
     "tracking",
     "train.progress",
     "train.device",
     "train.threads",
     "train.resume",
-    "train.max_steps",
     "train.checkpoint_every",
     "train.keep_checkpoints",
     "data.cache_dir",
+    "data.num_proc",
     "choices.debug",
     "study",
+    "claims",
 )
 
 
@@ -146,11 +149,31 @@ def flat_config(cfg: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def schema_defaults() -> dict[str, Any]:
+    """Every key of the config schema with its default, flat (``model.parametrization: "sp"``, ...)."""
+    from omegaconf import OmegaConf
+
+    from lm_ablate.config import Config
+
+    return flat_config(OmegaConf.to_container(OmegaConf.structured(Config), resolve=False))
+
+
 def config_differences(saved: dict, current: dict) -> list[str]:
-    """Keys whose values differ between two resolved configs, ignoring the keys that may change on resume."""
+    """Keys whose values differ between two resolved configs, ignoring the keys that may change on resume. A key
+    one of them lacks (a checkpoint written before the schema gained it) counts as the schema's default, so an
+    older run resumes when the new key is at its default: adding a key changes no old run's meaning."""
     a, b = flat_config(saved), flat_config(current)
+    defaults = schema_defaults()
     keys = sorted(set(a) | set(b))
-    return [k for k in keys if a.get(k) != b.get(k) and not k.startswith(RESUME_MAY_DIFFER)]
+    value = lambda side, k: side[k] if k in side else defaults.get(k)
+    return [k for k in keys if value(a, k) != value(b, k) and not k.startswith(RESUME_MAY_DIFFER)]
+
+
+def describe_differences(saved: dict, current: dict, keys: list[str], limit: int = 3) -> str:
+    """``key: old -> new`` for the first ``limit`` differing keys, for one-line errors."""
+    a, b = flat_config(saved), flat_config(current)
+    shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys[:limit])
+    return shown + (f", and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
 def find_resume(run_dir: Path, resume: str) -> Path | None:

@@ -8,14 +8,17 @@ with one line naming the key, the value and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 
 class ConfigError(ValueError):
@@ -44,6 +47,15 @@ class ModelConfig:
     parallel_norms: int = 1  # parallel block: 1 shared input norm (PaLM, fused input matmul) | 2 (GPT-NeoX)
     head_bias: bool = False  # additive bias on the LM head, kept apart from a tied weight (GPT-J's lm_head)
     embed_norm: bool = False  # a norm of the norm group's type right after the token embedding (BLOOM)
+    # width of the token embeddings and of the LM head's input; when it differs from d_model, bias-free linears
+    # project_in (embed_dim -> d_model, before positions are added) and project_out (d_model -> embed_dim, after
+    # the final norm) connect them to the stream (OPT-350m: 512 vs 1024; ALBERT's factorized embedding,
+    # Lan et al. 2020). None = d_model (no projection)
+    embed_dim: Optional[int] = None
+    # how width enters init, LR and the logit / attention multipliers (lm_ablate/parametrization.py): sp (standard)
+    # | mup (Yang et al. 2022, for AdamW: optim.lr tuned at mup_base_width transfers to other d_model)
+    parametrization: str = "sp"
+    mup_base_width: Optional[int] = None  # mup: the d_model at which mup's multipliers are 1; ignored by sp
 
 
 @dataclass
@@ -106,27 +118,43 @@ class RegularizationConfig:
 
 @dataclass
 class DataConfig:
-    name: str = MISSING  # shakespeare | hf
-    tokenizer: str = "byte"  # byte (256 symbols, no files) | bpe (trained on the training split, cached)
-    vocab_size: int = 4096  # BPE vocabulary size (byte ignores it)
+    name: str = MISSING  # shakespeare | hf | tokens (ids tokenized elsewhere: nanoGPT .bin, OLMo .npy)
+    tokenizer: str = "byte"  # byte (256 symbols) | bpe (trained on the training split, cached) | pretrained
+    vocab_size: int = 4096  # bpe: vocabulary size; tokens: size of the ids' vocabulary (byte, pretrained: ignored)
+    tokenizer_path: Optional[str] = None  # pretrained: tokenizer.json, a folder, or a hub name (gpt2, ...)
+    tokenizer_sample: Optional[int] = None  # bpe: train on the first N bytes of training text; None = all of it
+    num_proc: Optional[int] = None  # processes that tokenize; None = the CPU cores this process may use
     val_works: list[str] = field(default_factory=list)  # shakespeare: works held out for validation
-    path: Optional[str] = None  # hf: hub dataset name, or local .txt/.jsonl/.json/.parquet file(s) or folder
+    path: Optional[str] = None  # hf: hub dataset name, or local .txt/.jsonl/.json/.parquet file(s) or folder;
+    # tokens: a folder, file or glob of .bin / .npy token files
     hf_config: Optional[str] = None  # hf: dataset configuration name
     text_field: str = "text"  # hf: column holding the text
-    train_split: str = "train"  # hf: split to train on
-    val_split: Optional[str] = None  # hf: validation split; None = hold out val_fraction of the documents
-    val_fraction: float = 0.05  # hf: share of documents held out when there is no validation split
+    train_split: str = "train"  # hf: split to train on; tokens: files named train* are the training shards
+    val_split: Optional[str] = None  # hf, tokens: validation split; None = hold out val_fraction of docs/shards
+    val_fraction: float = 0.05  # hf, tokens: share of documents (shards) held out when there is no validation split
     max_docs: Optional[int] = None  # hf: use only the first N documents (quick runs on big sets)
-    cache_dir: str = ".cache/lm_ablate"  # tokenized memmaps and trained tokenizers, keyed by content hash
+    streaming: bool = False  # hf: stream the hub dataset instead of downloading it (needs max_tokens)
+    max_tokens: Optional[int] = None  # hf: stop after N training tokens (a named val split: val_fraction x N)
+    dtype: str = "uint16"  # tokens: uint16 | uint32, the ids' type in headerless files (.npy headers say their own)
+    # tokenized memmaps and trained tokenizers, keyed by content hash; $LM_ABLATE_CACHE if set
+    cache_dir: str = "${oc.env:LM_ABLATE_CACHE,.cache/lm_ablate}"
 
 
 @dataclass
 class OptimConfig:
-    name: str = MISSING  # adamw
-    lr: float = 3e-3  # peak learning rate
-    beta1: float = 0.9
+    name: str = MISSING  # adamw | muon | adafactor | sgd (update rules: lm_ablate/optim.py)
+    lr: float = 3e-3  # peak learning rate (adafactor: the relative step, scaled by each parameter's RMS)
+    beta1: float = 0.9  # adamw, and muon's AdamW part
     beta2: float = 0.95  # 0.95 rather than 0.999 is the usual LM choice (GPT-3, LLaMA)
-    eps: float = 1e-8
+    eps: float = 1e-8  # adamw (and muon's AdamW part): added to sqrt(v); adafactor: floor of sqrt(v) (torch's eps1)
+    momentum: float = 0.9  # sgd: heavy-ball coefficient; muon: EMA coefficient of its buffer (0.95 in muon.yaml)
+    nesterov: bool = False  # sgd and muon: Nesterov momentum (muon.yaml: true, as Jordan et al. 2024)
+    adjust_lr_fn: str = "match_rms_adamw"  # muon: original (Jordan) | match_rms_adamw (Liu et al. 2025)
+    ns_steps: int = 5  # muon: Newton-Schulz iterations of the orthogonalization
+    muon_lr_scale: float = 1.0  # muon: its groups' LR = this x AdamW's; 1 with match_rms_adamw
+    beta2_decay: float = -0.8  # adafactor: 1 - beta2_t = t^beta2_decay (Shazeer & Stern 2018)
+    eps2: float = 1e-3  # adafactor: floor of the parameter scale, step = max(eps2, RMS(p)) x lr
+    clip_threshold: float = 1.0  # adafactor: the update U is divided by max(1, RMS(U) / clip_threshold)
     warmup_steps: int = 0  # linear warmup from 0 to lr; 0 = start at the peak
     schedule: str = "cosine"  # cosine | constant | wsd | inverse_sqrt (after warmup; optim.py)
     min_lr_ratio: float = 0.1  # cosine and wsd decay to lr * min_lr_ratio at the last step
@@ -174,6 +202,18 @@ class TrainConfig:
 
 
 @dataclass
+class LadderConfig:
+    """A model ladder (lm_ablate/ladder.py): the sweep varies ``ladder.rung``; each run trains that rung's shape
+    for ``tokens_per_param`` x its non-embedding parameters (Hoffmann et al. 2022: 20)."""
+
+    name: Optional[str] = None  # cpu | gpu (conf/ladder/); null = no ladder (the model group's size is used)
+    rung: int = 0  # index into rungs of the shape this run trains
+    rungs: list[dict[str, int]] = field(default_factory=list)  # shapes, smallest first: d_model, n_layers, n_heads, ...
+    tokens_per_param: float = 20.0  # token budget per non-embedding parameter (sets train.max_tokens)
+    lr: str = "fixed"  # per-rung LR rule: fixed (optim.lr everywhere) | grid (the sweep crosses optim.lr) | mup
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     norm: NormConfig = field(default_factory=NormConfig)
@@ -185,13 +225,31 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    ladder: LadderConfig = field(default_factory=LadderConfig)
     seed: int = 0  # seeds init, data order and dropout; the same seed gives the same curve
     study: str = "default"  # name of the study: W&B group and report title
     choices: dict[str, Optional[str]] = field(default_factory=dict)  # filled at run time from Hydra
+    # the literature's claims the study tests (lm_ablate/claim_spec.py), set by its experiment file; bookkeeping:
+    # they change no computation, and the report decides each from the runs (analysis/claims.py)
+    claims: list[Any] = field(default_factory=list)
+
+
+def reference_lr(multiplier: float, _root_: DictConfig) -> float:
+    """``${ref_lr:k}`` = k x the reference learning rate of the run's optimizer, the ``lr`` of
+    conf/optim/<optim.name>.yaml. A sweep over ``optim`` with ``optim.lr: ${ref_lr:0.5},${ref_lr:1},...`` gives
+    every optimizer its own grid around its own reference, no run spent on another optimizer's range
+    (sweeps/optimizer.yaml); the run record holds the resolved number."""
+    name = _root_.optim.name
+    path = CONF_DIR / "optim" / f"{name}.yaml"
+    if not path.is_file():
+        raise bad("optim.name", name, "${ref_lr:k} reads the lr of conf/optim/<optim.name>.yaml, not found")
+    return float(multiplier) * float(OmegaConf.load(path).lr)
 
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="schema", node=Config)
+    if not OmegaConf.has_resolver("ref_lr"):
+        OmegaConf.register_new_resolver("ref_lr", reference_lr)
 
 
 register_configs()
@@ -223,12 +281,34 @@ def validate(cfg: DictConfig | Config) -> None:
     PLACEMENTS.check("norm.placement", cfg.norm.placement)
     SCHEDULES.check("optim.schedule", cfg.optim.schedule)
     TOKENIZERS.check("data.tokenizer", cfg.data.tokenizer)
+    from lm_ablate.data import check_config as check_data  # data keys' domains live with the data package
+
+    check_data(cfg.data)
+    for key, value in _floats(cfg):
+        if not math.isfinite(value):
+            raise bad(key, value, "must be a finite number")
     for check in (_model, _norm, _position, _activation, _attention, _regularization, _optim, _train):
         check(cfg)
-    if cfg.seed < 0:
-        raise bad("seed", cfg.seed, "must be >= 0")
+    from lm_ablate.ladder import check_config as check_ladder  # the ladder's own keys (not its sizes)
+
+    check_ladder(cfg)
+    if not 0 <= cfg.seed < 2**64:
+        raise bad("seed", cfg.seed, "must be in [0, 2**64) (torch.manual_seed's range)")
     if cfg.tracking.mode not in (None, "online", "offline", "disabled"):
         raise bad("tracking.mode", cfg.tracking.mode, "allowed: online, offline, disabled, null")
+    from lm_ablate.claim_spec import parse_claims
+
+    claims = cfg.get("claims") if isinstance(cfg, DictConfig) else cfg.claims
+    parse_claims(OmegaConf.to_container(claims, resolve=True) if isinstance(claims, ListConfig) else claims)
+
+
+def _floats(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """(dotted key, value) of every float in a config, nested groups included."""
+    for key, value in node.items():
+        if isinstance(value, float):
+            yield f"{prefix}{key}", value
+        elif isinstance(value, DictConfig):
+            yield from _floats(value, f"{prefix}{key}.")
 
 
 @functools.lru_cache(maxsize=1)
@@ -241,8 +321,6 @@ def _schema() -> DictConfig:
 
 def _known_keys(node: DictConfig, schema: DictConfig, prefix: str = "") -> None:
     """Hydra's ``+key=value`` adds a key even to a typed node; reject any key the schema does not have."""
-    import dataclasses
-
     for key in node:
         name = f"{prefix}{key}"
         if key not in schema.keys():  # noqa: SIM118 (`in` is False for a MISSING value in OmegaConf)
@@ -264,6 +342,8 @@ def _model(cfg: DictConfig) -> None:
         raise bad("model.n_heads", m.n_heads, f"must divide model.d_model={m.d_model} (or set model.head_dim)")
     if m.head_dim is not None and m.head_dim < 1:
         raise bad("model.head_dim", m.head_dim, "must be a positive integer or null")
+    if m.embed_dim is not None and m.embed_dim < 1:
+        raise bad("model.embed_dim", m.embed_dim, "must be a positive integer or null (= model.d_model)")
     from lm_ablate.model import BLOCKS  # blocks live with the model, which imports this module
 
     BLOCKS.check("model.block", m.block)
@@ -273,12 +353,20 @@ def _model(cfg: DictConfig) -> None:
     if placements is not None and cfg.norm.placement not in placements:
         got = f"got norm.placement={cfg.norm.placement!r}"
         raise bad("model.block", m.block, f"needs norm.placement in ({', '.join(placements)}), {got}")
+    if not m.init_std > 0:  # 0 zeroes every matrix and embedding: no gradient could ever leave that point
+        raise bad("model.init_std", m.init_std, "must be > 0")
     if m.logit_softcap is not None and m.logit_softcap <= 0:
         raise bad("model.logit_softcap", m.logit_softcap, "must be > 0 or null (off)")
     if m.output_init_std is not None and m.output_init_std < 0:
         raise bad("model.output_init_std", m.output_init_std, "must be >= 0 or null (= model.init_std)")
     if m.output_init_std is not None and m.tie_embeddings:
         raise bad("model.output_init_std", m.output_init_std, "must be null with model.tie_embeddings=true")
+    from lm_ablate.parametrization import PARAMETRIZATIONS
+
+    PARAMETRIZATIONS.check("model.parametrization", m.parametrization)
+    if m.mup_base_width is not None and m.mup_base_width < 1:
+        raise bad("model.mup_base_width", m.mup_base_width, "must be a positive integer or null")
+    PARAMETRIZATIONS.get(m.parametrization).check(cfg)  # each refuses the combinations it does not define
 
 
 def _norm(cfg: DictConfig) -> None:
@@ -297,6 +385,8 @@ def _position(cfg: DictConfig) -> None:
 
     p, hd = cfg.position, head_dim(cfg.model)
     ROPE_LAYOUTS.check("position.layout", p.layout)
+    if not p.theta > 0:
+        raise bad("position.theta", p.theta, "must be > 0 (the base of the rope angles p * theta^(-2i/r))")
     if not 0 < p.fraction <= 1:
         raise bad("position.fraction", p.fraction, "must be in (0, 1]")
     dims = p.fraction * hd  # rotated dims per head: whole pairs, at least one
@@ -360,6 +450,8 @@ def _optim(cfg: DictConfig) -> None:
     o = cfg.optim
     if not o.lr > 0:
         raise bad("optim.lr", o.lr, "must be > 0")
+    if not o.eps > 0:  # AdamW divides by sqrt(v) + eps (adafactor floors sqrt(v) at it): v = 0 where a grad is 0
+        raise bad("optim.eps", o.eps, "must be > 0")
     if o.warmup_steps < 0:
         raise bad("optim.warmup_steps", o.warmup_steps, "must be >= 0")
     if not 0.0 <= o.min_lr_ratio <= 1.0:
@@ -369,6 +461,22 @@ def _optim(cfg: DictConfig) -> None:
             raise bad(f"optim.{key}", o[key], "must be in [0, 1)")
     if not 0.0 < o.decay_fraction <= 1.0:
         raise bad("optim.decay_fraction", o.decay_fraction, "must be in (0, 1]")
+    if not 0.0 <= o.momentum < 1.0:
+        raise bad("optim.momentum", o.momentum, "must be in [0, 1)")
+    if o.nesterov and o.momentum == 0:
+        raise bad("optim.nesterov", o.nesterov, "needs optim.momentum > 0")
+    if o.adjust_lr_fn not in ("original", "match_rms_adamw"):
+        raise bad("optim.adjust_lr_fn", o.adjust_lr_fn, "allowed: original, match_rms_adamw")
+    if not 1 <= o.ns_steps < 100:
+        raise bad("optim.ns_steps", o.ns_steps, "must be in [1, 100)")
+    if not o.muon_lr_scale > 0:
+        raise bad("optim.muon_lr_scale", o.muon_lr_scale, "must be > 0")
+    if o.beta2_decay > 0:
+        raise bad("optim.beta2_decay", o.beta2_decay, "must be <= 0 (1 - beta2_t = t^beta2_decay)")
+    if o.eps2 < 0:
+        raise bad("optim.eps2", o.eps2, "must be >= 0")
+    if not o.clip_threshold > 0:
+        raise bad("optim.clip_threshold", o.clip_threshold, "must be > 0")
 
 
 def _train(cfg: DictConfig) -> None:
@@ -389,8 +497,12 @@ def _train(cfg: DictConfig) -> None:
             raise bad(f"train.{key}", t[key], "must be >= 0")
     if t.keep_checkpoints < 1:
         raise bad("train.keep_checkpoints", t.keep_checkpoints, "must be >= 1")
-    if t.spike.window < 2 or t.spike.k <= 0:
-        raise bad("train.spike", dict(t.spike), "window must be >= 2 and k > 0")
+    if t.threads is not None and t.threads < 1:
+        raise bad("train.threads", t.threads, "must be a positive integer or null (torch's default)")
+    if t.spike.window < 2:
+        raise bad("train.spike.window", t.spike.window, "must be >= 2 (a standard deviation needs two values)")
+    if not t.spike.k > 0:
+        raise bad("train.spike.k", t.spike.k, "must be > 0")
 
 
 def to_container(cfg: DictConfig) -> dict:
@@ -414,11 +526,14 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "tra
 def job_config(cfg: DictConfig) -> DictConfig:
     """A config composed with its ``hydra`` node (Hydra's compose, ``load_sweep_config``) as the task function
     sees it: the ``hydra`` node dropped, ``choices`` filled from ``hydra.runtime.choices``. Changes ``cfg``."""
+    from lm_ablate.ladder import apply_rung
+
     choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra") and k != "local"}
     OmegaConf.set_struct(cfg, False)
     del cfg["hydra"]
     cfg.choices = choices
     OmegaConf.set_struct(cfg, True)
+    apply_rung(cfg)  # a ladder run's shape (lm_ablate/ladder.py)
     return cfg
 
 

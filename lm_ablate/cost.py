@@ -3,21 +3,35 @@ training FLOPs per token (formula in :func:`lm_ablate.model.model_cost`) for the
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from lm_ablate.config import ConfigError, compose, compose_error_message
+from lm_ablate.ladder import token_budget, vocab_size_of
 from lm_ablate.model import TransformerLM, model_cost
 
 
 def describe(overrides: list[str], vocab_size: int | None = None) -> str:
     cfg = compose(overrides)
-    if vocab_size is None:  # byte level is 256; a BPE vocabulary is what the data config asks for
-        vocab_size = 256 if cfg.data.tokenizer == "byte" else cfg.data.vocab_size
+    if vocab_size is None:  # byte level: 256; bpe or pre-tokenized: data.vocab_size; pretrained: its file's
+        vocab_size = vocab_size_of(cfg.data)
+    if vocab_size is None:
+        from lm_ablate.data.tokenizers import load_pretrained
+
+        vocab_size = load_pretrained(cfg.data.tokenizer_path).vocab_size
     cost = model_cost(TransformerLM(cfg, vocab_size), cfg)
     tokens = cfg.train.max_steps * cfg.train.batch_size * cfg.model.context
+    budget = []
+    if cfg.ladder.name is not None:  # a ladder rung trains for tokens_per_param x its non-embedding parameters
+        tokens = min(tokens, token_budget(cfg, cost.params_non_embedding))
+        budget = [f"ladder            {cfg.ladder.name}, rung {cfg.ladder.rung} of {len(cfg.ladder.rungs)}: "
+                  f"{cfg.ladder.tokens_per_param:g} tokens per non-embedding parameter"]  # fmt: skip
+    elif cfg.train.max_tokens is not None:
+        tokens = min(tokens, cfg.train.max_tokens)
     arm = " ".join(overrides) or "(defaults)"
     return "\n".join(
         [
+            *budget,
             f"config            {arm}",
             f"vocab size        {vocab_size:,}",
             f"params total      {cost.params_total:,}",
@@ -29,15 +43,30 @@ def describe(overrides: list[str], vocab_size: int | None = None) -> str:
     )
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lm_ablate.cost",
+        description="Parameter counts and training FLOPs per token of the arm that Hydra overrides give, "
+        "before it runs (nothing is trained or written).",
+        epilog="example: python -m lm_ablate.cost arch=llama model=medium",
+    )
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m lm_ablate.train")
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # a Hydra override may start with ~ or +, never with -
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
-        print(describe(sys.argv[1:]))
+        print(describe(args.overrides))
     except ConfigError as err:
         print(f"lm-ablate: error: {err}", file=sys.stderr)
-        sys.exit(2)
+        return 2
     except Exception as err:  # Hydra's composition errors as one line; anything else is a bug: full traceback
         line = compose_error_message(err)
         if line is None:
             raise
         print(f"lm-ablate: error: {line}", file=sys.stderr)
-        sys.exit(2)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -61,7 +61,8 @@ STATUS_COMPLETED = "completed"
 STATUS_DIVERGED = "diverged"
 STATUS_FAILED = "failed"
 STATUS_PREEMPTED = "preempted"  # stopped by SIGTERM/SIGUSR1 after writing a checkpoint; resumes on restart
-STATUSES = (STATUS_RUNNING, STATUS_COMPLETED, STATUS_DIVERGED, STATUS_FAILED, STATUS_PREEMPTED)
+STATUS_INTERRUPTED = "interrupted"  # stopped by Ctrl-C (after a checkpoint); the same command resumes it
+STATUSES = (STATUS_RUNNING, STATUS_COMPLETED, STATUS_DIVERGED, STATUS_FAILED, STATUS_PREEMPTED, STATUS_INTERRUPTED)
 RUN_NAME = "run_name"
 GROUP = "group"
 CHOICES = "choices"  # {group: option} from Hydra's runtime choices
@@ -71,7 +72,12 @@ BEST_VAL_LOSS = "best_val_loss"
 FINAL_TRAIN_LOSS = "final_train_loss"
 GRAD_NORM_SPIKES = "grad_norm_spikes"
 LOSS_SPIKES = "loss_spikes"
-MEAN_TOKENS_PER_SEC = "mean_tokens_per_sec"
+MEAN_TOKENS_PER_SEC = "mean_tokens_per_sec"  # training step only, the first step of each session left out
+THROUGHPUT_COLD_STEPS = "throughput_cold_steps"  # how many steps that leaves out (one per session)
+FIRST_STEP_S = "first_step_s"  # wall time of the run's first step (lazy initialisation; compilation too)
+COMPILE_TIME_S = "compile_time_s"  # train.compile: the first step's time minus a warm step's (cold compile)
+FLOPS_PER_TOKEN = "flops_per_token"  # training FLOPs per token (lm_ablate.model.model_cost)
+OPTIMIZER_PARAMS = "optimizer_params"  # {optimizer: [parameter names]}: which parameters each one updates
 MEAN_MFU = "mean_mfu"
 PEAK_FLOPS = "peak_flops"
 STOP_REASON = "stop_reason"  # max_steps | max_tokens | max_time_s | diverged | preempted
@@ -84,6 +90,34 @@ DIVERGED_AT = "diverged_at_step"
 SKIPPED_STEPS = "skipped_steps"  # updates dropped for a non-finite loss/grad norm (train.divergence=skip)
 RESUMED_FROM = "resumed_from_step"  # steps of each resume, in order
 ERROR = "error"
+
+# --- JSON of the run record ------------------------------------------------------------------------------
+# Run records are strict JSON (jq, JavaScript and Go read them): a non-finite float is written as one of these
+# strings (JavaScript's own spellings); a value that does not exist (val loss past a learned position table) is
+# null. Readers turn the strings back into floats with ``from_json``.
+NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def to_json(value):
+    """``value`` with every non-finite float (in nested dicts and lists too) replaced by its string."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    return value
+
+
+def from_json(value):
+    """The inverse of :func:`to_json` (strings of NONFINITE back to floats), for readers of run records."""
+    if isinstance(value, str):
+        return NONFINITE.get(value, value)
+    if isinstance(value, dict):
+        return {k: from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_json(v) for v in value]
+    return value
 
 
 class SpikeDetector:

@@ -12,6 +12,7 @@ import functools
 import resource
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -60,3 +61,83 @@ def compile_step(fn):
 
     inductor_config.fallback_random = True
     return torch.compile(fn)
+
+
+# --- memory of a training step -------------------------------------------------------------------------
+# Activation memory of one transformer layer in training (Korthikanti et al. 2022, "Reducing Activation
+# Recomputation in Large Transformer Models", section 4.1, no parallelism): s*b*h*(34 + 5*a*s/h) bytes with
+# 16-bit activations and 1-byte dropout masks, s = sequence length, b = micro-batch, h = d_model, a = heads.
+# The 5*a*s/h part is the materialised attention scores (QK^T, softmax, dropout mask); fused SDPA kernels (flash /
+# memory-efficient, and PyTorch's CPU flash kernel) do not store them. In fp32 every activation is twice the size.
+ACTIVATION_BYTES_PER_TOKEN_16BIT = 34  # x d_model, per layer
+SCORE_BYTES_16BIT = 5  # x heads x T, per token and layer, when the scores are materialised
+BYTES_PER_PARAM = 16  # fp32 weight, gradient and two Adam moments
+
+
+def step_memory_bytes(cfg, vocab_size: int, device_type: str, world: int = 1) -> float:
+    """Estimated peak memory of one training step on one process: parameters with gradients and optimizer
+    state, the activations of one micro-batch (Korthikanti et al. 2022, above), and the fp32 logits with their
+    log-softmax and gradient (3 x B x T x vocab x 4 bytes)."""
+    m, t = cfg.model, cfg.train
+    b = max(1, t.batch_size // (world * t.grad_accum))
+    T, d, L, H = m.context, m.d_model, m.n_layers, m.n_heads
+    scale = 1 if device_type == "cuda" else 2  # bf16 autocast on CUDA, fp32 on CPU
+    per_layer = T * b * d * ACTIVATION_BYTES_PER_TOKEN_16BIT * scale
+    if cfg.attention.softcap is not None:  # the written-out attention path stores its scores
+        per_layer += T * b * H * T * SCORE_BYTES_16BIT * scale
+    if cfg.attention.window is not None or cfg.position.name in ("alibi", "t5"):  # an additive [H,] T x T mask
+        per_layer += T * T * 4 * (H if cfg.position.name in ("alibi", "t5") else 1)
+    logits = 3 * b * T * vocab_size * 4
+    params = (12 * L * d * d + 2 * vocab_size * d) * BYTES_PER_PARAM
+    return L * per_layer + logits + params
+
+
+def available_memory_bytes(device: torch.device) -> float | None:
+    """Free memory for a new process's tensors: CUDA's free memory, or Linux's MemAvailable capped by the
+    cgroup limit; None where neither can be read."""
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+        meminfo = dict(line.split(":", 1) for line in lines if ":" in line)
+        free = float(meminfo["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            free = min(free, float(limit))
+    except (OSError, ValueError):
+        pass
+    return free
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def check_step_memory(cfg, vocab_size: int, device: torch.device, world: int = 1) -> None:
+    """Fail at start, in one line naming model.context and train.batch_size, when one step clearly cannot fit:
+    the estimate of :func:`step_memory_bytes` exceeds the memory available now."""
+    from lm_ablate.config import bad
+
+    need, free = step_memory_bytes(cfg, vocab_size, device.type, world), available_memory_bytes(device)
+    if free is None or need <= free:
+        return
+    t = cfg.train
+    raise bad("model.context", cfg.model.context,
+              f"one training step needs an estimated {_gib(need)} at train.batch_size={t.batch_size} "
+              f"(train.grad_accum={t.grad_accum}) and {_gib(free)} is available: lower model.context or "
+              "train.batch_size, or raise train.grad_accum")  # fmt: skip
+
+
+def out_of_memory(err: BaseException, cfg, device: torch.device) -> str | None:
+    """One line for an allocation failure during a step (CUDA's OutOfMemoryError, the CPU allocator's
+    RuntimeError); None for any other error."""
+    text = str(err)
+    if not (isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in text or "out of memory" in text):
+        return None
+    t = cfg.train
+    return (f"model.context={cfg.model.context!r} is invalid: a training step ran out of {device.type} memory at "
+            f"train.batch_size={t.batch_size} (train.grad_accum={t.grad_accum}); lower model.context or "
+            "train.batch_size, or raise train.grad_accum")  # fmt: skip

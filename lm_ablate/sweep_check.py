@@ -8,26 +8,79 @@ overrides, as a cartesian product), composes each arm with Hydra's own config lo
 :func:`lm_ablate.config.validate` on it: composition only, no model, no data, no device. If any arm is bad it
 prints one line per distinct error (naming the arm, or how many arms share it and the first and last) and
 exits with status 2, and nothing runs. Another sweeper (Optuna, Nevergrad)
-chooses its arms as it goes: then nothing is checked here and each job validates itself as before.
+chooses its arms as it goes: then its arms are not checked here and each job validates itself as before.
+Whatever the sweeper, two things about this machine are checked too, so a sweep that cannot start says why in
+one line instead of a traceback after its folder was made: the sweep directory can be created and written
+(:func:`unwritable`), and a SLURM launcher has ``sbatch`` and ``srun`` to call (:func:`slurm_missing`).
 Checks that depend on the machine a job runs on (``train.device``, data files, resume) stay in the job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import errno
+import json
 import logging
+import os
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from lm_ablate.config import ConfigError, compose_error_message, job_config, validate
+from lm_ablate.claim_spec import check_claims_against_arms, flatten, parse_claims
+from lm_ablate.config import ConfigError, bad, compose_error_message, job_config, validate
+from lm_ablate.ladder import apply_rung, check_budget_keys, check_ladder, vocab_size_of
 
 log = logging.getLogger(__name__)
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+# submitit's SlurmExecutor refuses to start without srun on PATH (its `affinity`, "Could not detect srun") and
+# submits every job with sbatch
+SLURM_COMMANDS = ("sbatch", "srun")
+OTHER_LAUNCHERS = "basic (the default), joblib, local_parallel"
+
+
+def slurm_missing() -> str | None:
+    """Why submitit cannot submit to SLURM from this machine (a command it calls is not on PATH), or None."""
+    missing = [name for name in SLURM_COMMANDS if shutil.which(name) is None]
+    if not missing:
+        return None
+    return f"no {' or '.join(missing)} on PATH, so this is not a SLURM login node (submitit calls sbatch and srun)"
+
+
+def unwritable(path: str | Path) -> str | None:
+    """Why ``path`` is not a folder this process can create and write into (``"No such file or directory:
+    /proc/x"``), or None. Probes by making the missing folders and a temporary folder inside them, then removes
+    all it made: nothing is left behind either way."""
+    target = Path(path).absolute()
+    made: list[Path] = []
+    try:
+        missing = []
+        for folder in (target, *target.parents):
+            if folder.is_dir():
+                break
+            if folder.exists():  # a file or a device where a folder should be
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
+            missing.append(folder)
+        for folder in reversed(missing):  # topmost first: the error names the folder that could not be made
+            folder.mkdir()
+            made.append(folder)
+        os.rmdir(tempfile.mkdtemp(dir=target, prefix=".write_probe_"))
+    except OSError as err:
+        why = err.strerror or type(err).__name__
+        return f"{why}: {err.filename}" if err.filename and Path(err.filename) != target else why
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return None
 
 
 def _config_loader() -> Any:
@@ -41,13 +94,17 @@ def _unresolved(node: Any) -> list[str]:
     return list(OmegaConf.to_container(node, resolve=False))
 
 
-def sweep_arms(config: DictConfig) -> list[list[str]]:
-    """The overrides of every job the basic sweeper will launch, in launch order (as ``BasicSweeper.sweep``)."""
+def sweep_arms(config: DictConfig, command_line: bool = True) -> list[list[str]]:
+    """The overrides of every job the basic sweeper will launch, in launch order (as ``BasicSweeper.sweep``);
+    without ``command_line``, the arms of the sweep file's ``hydra.sweeper.params`` alone (none without them)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     params = config.hydra.sweeper.get("params") or {}
-    arguments = [f"{key}={value}" for key, value in params.items()] + _unresolved(config.hydra.overrides.task)
+    if not command_line and not params:
+        return []
+    task = _unresolved(config.hydra.overrides.task) if command_line else []
+    arguments = [f"{key}={value}" for key, value in params.items()] + task
     overrides = OverridesParser.create(config_loader=_config_loader()).parse_overrides(arguments)
     return [list(arm) for batch in BasicSweeper.split_arguments(overrides, None) for arm in batch]
 
@@ -81,6 +138,10 @@ class ArmChecker:
             _, self.repo = make_repo(config.hydra.job.config_name, _unresolved(config.hydra.overrides.hydra))
         self.composed: dict[tuple[str, ...], DictConfig | str] = {}
         self.parsed: dict[str, Any] = {}
+        self.ladder_rungs: dict[str, set[int]] = {}  # ladder name -> rungs the valid arms train
+        self.ladder_checked: dict[str, str | None] = {}  # a ladder's size checks, once per ladder and arm config
+        self.claim_arms: dict[str, list[dict[str, Any]]] = {}  # an arm's claims (JSON) -> the valid arms' configs
+        self.record_claims = False  # set by claim_errors while it checks the sweep file's own arms
 
     def _split(self, overrides: list[str]) -> tuple[list[str], list[Any]]:
         if self.repo is None or self.apply is None:
@@ -103,7 +164,7 @@ class ArmChecker:
             try:
                 self.composed[key] = job_config(self.loader.load_sweep_config(self.config, list(groups)))
             except Exception as err:  # a composition error is this set's answer; others propagate
-                line = compose_error_message(err)
+                line = str(err) if isinstance(err, ConfigError) else compose_error_message(err)
                 if line is None:
                     raise
                 self.composed[key] = line
@@ -118,10 +179,16 @@ class ArmChecker:
             base = self._compose(groups)
             if isinstance(base, str):
                 return base
-            cfg = copy.deepcopy(base) if values else base  # validate only reads
+            ladder = base.ladder.name is not None or any("ladder" in str(v.key_or_group) for v in values)
+            cfg = copy.deepcopy(base) if values or ladder else base  # validate only reads; a rung is applied
             if values:
                 self.apply(values, cfg)
+            apply_rung(cfg)
+            check_budget_keys(cfg)
             validate(cfg)
+            self._record_claims(cfg)
+            if cfg.ladder.name is not None:
+                return self._ladder_error(cfg)
         except ConfigError as err:
             return str(err)
         except InterpolationResolutionError:
@@ -132,6 +199,28 @@ class ArmChecker:
                 raise
             return line
         return None
+
+    def _record_claims(self, cfg: DictConfig) -> None:
+        """Keep a valid arm's flattened config under its study's claims, for :func:`claim_errors`."""
+        if self.record_claims and cfg.get("claims"):
+            flat = flatten(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+            self.claim_arms.setdefault(json.dumps(flat["claims"], sort_keys=True, default=str), []).append(flat)
+
+    def _ladder_error(self, cfg: DictConfig) -> str | None:
+        """Rungs increasing in size and a budget of at least one step, checked on meta-device models (once per
+        distinct config); the rung is recorded for the sweep-wide check that a ladder study has >= 2 rungs."""
+        self.ladder_rungs.setdefault(str(cfg.ladder.name), set()).add(int(cfg.ladder.rung))
+        vocab = vocab_size_of(cfg.data)
+        if vocab is None:  # a pretrained tokenizer: only loading it tells its size; the job checks its own budget
+            return None
+        key = OmegaConf.to_yaml(cfg)
+        if key not in self.ladder_checked:
+            try:
+                check_ladder(cfg, vocab)
+                self.ladder_checked[key] = None
+            except ConfigError as err:
+                self.ladder_checked[key] = str(err)
+        return self.ladder_checked[key]
 
 
 def sweep_errors(config: DictConfig) -> list[str]:
@@ -150,24 +239,83 @@ def sweep_errors(config: DictConfig) -> list[str]:
         error = checker.error(arm)
         if error is not None:
             by_error.setdefault(error, []).append(label)
-    return [
+    for name, rungs in checker.ladder_rungs.items():  # one rung is no ladder: nothing to fit across sizes
+        if len(rungs) < 2:
+            why = f"a ladder study must sweep ladder.rung over at least 2 rungs of ladder={name} (this sweep trains only {sorted(rungs)})"
+            by_error.setdefault(str(bad("ladder.rung", sorted(rungs)[0], why)), []).append("every arm")
+    lines = [
         f"{labels[0]}: {error}"
         if len(labels) == 1
         else f"{len(labels)} of {len(arms)} arms ({labels[0]}, ..., {labels[-1]}): {error}"
         for error, labels in by_error.items()
     ]
+    return lines or claim_errors(config, checker)
+
+
+def claim_errors(config: DictConfig, checker: ArmChecker) -> list[str]:
+    """One line per study claim (``claims`` in the arms' configs, lm_ablate/claim_spec.py) that refers to a key
+    the study does not vary or to a value none of its arms has. The reference is the study's design, the arms
+    of the sweep file's own ``hydra.sweeper.params``: narrowing a study on the command line (``optim.lr=3e-3``)
+    leaves some claims without runs (reported as untested), and an ad-hoc ``--multirun experiment=<study> ...``
+    without a sweep file has no design to check them against; a typo in a claim fails here, before any job."""
+    declared = sweep_arms(config, command_line=False)
+    checker.claim_arms, checker.record_claims = {}, True
+    try:
+        for arm in declared:
+            checker.error(arm)  # records the arm's config if it is valid
+    finally:
+        checker.record_claims = False
+    errors = []
+    for raw, flats in checker.claim_arms.items():
+        try:
+            check_claims_against_arms(parse_claims(json.loads(raw)), flats)
+        except ConfigError as err:
+            errors.append(str(err))
+    return errors
+
+
+def machine_errors(config: DictConfig) -> list[str]:
+    """One line per reason this machine cannot start the sweep: its directory cannot be made or written, or
+    its launcher is SLURM's and there is no SLURM to submit to."""
+    errors = []
+    try:
+        sweep_dir = OmegaConf.select(config, "hydra.sweep.dir")
+    except Exception as err:  # an interpolation only a job could resolve: Hydra reports it as before
+        if compose_error_message(err) is None:
+            raise
+        sweep_dir = None
+    why = None if sweep_dir is None else unwritable(str(sweep_dir))
+    if why is not None:
+        errors.append(
+            str(
+                bad(
+                    "hydra.sweep.dir",
+                    str(sweep_dir),
+                    f"cannot create or write into this folder ({why}); allowed: a writable folder",
+                )
+            )
+        )
+    if OmegaConf.select(config, "hydra.launcher._target_") == SLURM_LAUNCHER:
+        why = slurm_missing()
+        if why is not None:
+            choice = OmegaConf.select(config, "hydra.runtime.choices.hydra/launcher") or "slurm"
+            errors.append(str(bad("hydra/launcher", choice, f"{why}; allowed here: {OTHER_LAUNCHERS}")))
+    return errors
 
 
 class ValidateSweep(Callback):
-    """Hydra callback (``hydra.callbacks.validate_sweep`` in conf/train.yaml): refuse a sweep with a bad arm
-    before launching any job. Remove it for one sweep with ``~hydra.callbacks.validate_sweep``."""
+    """Hydra callback (``hydra.callbacks.validate_sweep`` in conf/train.yaml): refuse a sweep with a bad arm,
+    or one this machine cannot start, before launching any job. Remove it for one sweep with
+    ``~hydra.callbacks.validate_sweep``."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
-            return  # an optimizing sweeper picks its arms as it goes: each job validates itself
-        started = time.perf_counter()
-        errors = sweep_errors(config)
-        log.debug(f"validated the sweep's arms in {time.perf_counter() - started:.2f} s")
+        errors = []
+        if OmegaConf.select(config, "hydra.sweeper._target_") == BASIC_SWEEPER:
+            # (an optimizing sweeper picks its arms as it goes: each of its jobs validates itself)
+            started = time.perf_counter()
+            errors = sweep_errors(config)
+            log.debug(f"validated the sweep's arms in {time.perf_counter() - started:.2f} s")
+        errors += machine_errors(config)
         if errors:
             for line in errors:
                 print(f"lm-ablate: error: {line}", file=sys.stderr)

@@ -83,12 +83,13 @@ class LocalRecord(Tracker):
         return {}
 
     def log(self, row: dict[str, float], step: int) -> None:
-        self._metrics.write(json.dumps({M.STEP: step, **row}) + "\n")
+        self._metrics.write(json.dumps(M.to_json({M.STEP: step, **row}), allow_nan=False) + "\n")
         self._metrics.flush()
 
     def summary(self, values: dict[str, Any]) -> None:
         self.values.update(values)
-        atomic_write_text(self.run_dir / M.SUMMARY_FILE, json.dumps(self.values, indent=2, default=str) + "\n")
+        text = json.dumps(M.to_json(self.values), indent=2, default=str, allow_nan=False)
+        atomic_write_text(self.run_dir / M.SUMMARY_FILE, text + "\n")
 
     def finish(self, status: str) -> None:
         if self._metrics is not None:

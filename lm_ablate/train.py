@@ -1,8 +1,19 @@
 """The training loop: ``python -m lm_ablate.train [overrides]`` (a Hydra app; ``--multirun`` sweeps).
 
-One function, :func:`train`, read top to bottom: data, model, optimizer, trackers, resume; then for each step
-batch -> forward -> loss (+ z-loss) -> backward -> clip -> step -> metrics -> eval -> checkpoint. Every option
-it uses was built by its axis registry; the loop never looks at option names.
+:class:`Trainer` is one run. Its constructor checks everything (config, resume, data, memory) before anything
+is written, then builds model, optimizer and trackers; :meth:`Trainer.run` is the algorithm::
+
+    for step = s0 + 1, ...:
+        batch(seed, step) -> forward -> loss (+ z-loss) -> backward -> clip -> update     train_step
+        metrics row, spike detectors                                                     record
+        every eval_every and at the end: validation loss                                 evaluate
+        every checkpoint_every, at the end and on a signal: model, optimizer, RNG, ...    save_checkpoint
+    summary, status, trackers closed                                                     finish
+
+Every option it uses was built by its axis registry; the loop never looks at option names. Stopping: a budget
+(``train.max_steps | max_tokens | max_time_s``), divergence, a scheduler's signal (SIGTERM/SIGUSR1/SIGUSR2:
+status ``preempted``, the signal passed on so the job is requeued) or Ctrl-C (status ``interrupted``, exit 130);
+the last two write a checkpoint first, and starting the same command again continues bit-identically.
 """
 
 from __future__ import annotations
@@ -24,16 +35,18 @@ from typing import Any
 import hydra
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lm_ablate import checkpoint as ckpt
 from lm_ablate import metrics as M
 from lm_ablate.config import AXES, CONF_DIR, ConfigError, compose_error_message, to_container, validate
 from lm_ablate.data import check_length, get_batch, load_data, val_batches
 from lm_ablate.distributed import init_distributed
+from lm_ablate.ladder import apply_rung, check_budget, check_budget_keys, non_embedding_params, token_budget
 from lm_ablate.model import TransformerLM, model_cost
 from lm_ablate.optim import build_schedule
-from lm_ablate.perf import compile_step, measured_peak_flops, peak_memory_mb
+from lm_ablate.parametrization import optimizer_groups, set_lr
+from lm_ablate.perf import check_step_memory, compile_step, measured_peak_flops, out_of_memory, peak_memory_mb
 from lm_ablate.probes import NO_PROBE, StepProbe
 from lm_ablate.registry import OPTIMIZERS, REGULARIZERS, TRACKERS
 from lm_ablate.tracking import LocalRecord, RunInfo, Tracker, Trackers, atomic_write_text
@@ -46,11 +59,17 @@ _BOOKKEEPING = (
     "train.threads",
     "train.resume",
     "data.cache_dir",
+    "data.num_proc",
     "hydra",
+    "claims",
 )
 # SIGTERM: scancel, preemption; SIGUSR1: a common sbatch --signal choice; SIGUSR2: what submitit (hydra/launcher=slurm)
 # asks SLURM to send before the time limit (signal_delay_s), after which its own handler requeues the job.
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd program
+# steps of each session left out of the mean tokens/s: the first step pays for lazy initialisation, and with
+# train.compile for the compilation (recorded separately as compile_time_s)
+COLD_STEPS = 1
 
 
 def resolve_device(name: str) -> torch.device:
@@ -74,13 +93,13 @@ def run_name(cfg: DictConfig, overrides: list[str] | None = None) -> str:
         if kept:
             return ",".join(kept)
     parts = [f"{axis}={cfg.choices[axis]}" for axis in AXES if cfg.choices.get(axis)]
-    return ",".join(parts + [f"seed={cfg.seed}"])
+    return ",".join([*parts, f"seed={cfg.seed}"])
 
 
 def run_tags(cfg: DictConfig) -> list[str]:
     """One tag per axis value, so a W&B dashboard can filter runs without any set-up."""
-    tags = [f"{group}={option}" for group, option in cfg.choices.items() if option and group in AXES + ("model",)]
-    return tags + [f"norm.placement={cfg.norm.placement}", f"seed={cfg.seed}"]
+    tags = [f"{group}={option}" for group, option in cfg.choices.items() if option and group in (*AXES, "model")]
+    return [*tags, f"norm.placement={cfg.norm.placement}", f"seed={cfg.seed}"]
 
 
 @torch.no_grad()
@@ -97,14 +116,15 @@ def evaluate(model: torch.nn.Module, batches: list, autocast) -> float:
 
 
 @torch.no_grad()
-def extrapolate(model: TransformerLM, val_tokens, cfg: DictConfig, device: torch.device, autocast) -> dict[str, float]:
+def extrapolate(model: TransformerLM, val_tokens, cfg: DictConfig, device: torch.device, autocast) -> dict[str, Any]:
     """Validation loss at k times the training context for each k in ``train.extrapolation`` (the same number
-    of tokens per pass: batch size divided by k). NaN where the position scheme cannot encode that length."""
+    of tokens per pass: batch size divided by k). None (JSON null) where the position scheme cannot encode
+    that length (a learned table ends at model.context)."""
     t, context = cfg.train, cfg.model.context
-    out = {}
+    out: dict[str, Any] = {}
     for k in t.extrapolation:
         if model.position.max_length is not None and k * context > model.position.max_length:
-            out[M.val_loss_at(k)] = float("nan")
+            out[M.val_loss_at(k)] = None
             continue
         batches = val_batches(val_tokens, max(1, t.batch_size // k), k * context, t.eval_batches)
         out[M.val_loss_at(k)] = evaluate(model, [(x.to(device), y.to(device)) for x, y in batches], autocast)
@@ -121,35 +141,55 @@ class Progress:
     skipped: int = 0
     wall_time_s: float = 0.0  # summed over all sessions of the run
     resumed_from: list[int] = field(default_factory=list)
+    cold_steps: int = 0  # steps left out of the mean tokens/s (COLD_STEPS per session)
+    cold_seconds: float = 0.0  # their step time
 
 
-class Preemption:
-    """SIGTERM/SIGUSR1/SIGUSR2 (SLURM preemption or time limit) only set a flag: the loop finishes the step, writes a
-    checkpoint and stops; then the signal is re-raised with the previous handler so the scheduler (or
-    submitit) sees the job end as it expects and can requeue it. The requeued job resumes automatically."""
+class StopSignals:
+    """Signals only set a flag: the loop finishes the step, writes a checkpoint and stops.
+
+    * SIGTERM / SIGUSR1 / SIGUSR2 (SLURM preemption or time limit): status ``preempted``; afterwards the signal is
+      re-raised with the previous handler, so the scheduler (or submitit) sees the job end as it expects and
+      requeues it. The requeued job resumes automatically.
+    * SIGINT (Ctrl-C): status ``interrupted``; the command exits with 130 after one line. A second Ctrl-C stops
+      at once (KeyboardInterrupt), without waiting for the step."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> Preemption:
-        for sig in PREEMPT_SIGNALS:
+    def __enter__(self) -> StopSignals:
+        for sig in (*PREEMPT_SIGNALS, signal.SIGINT):
             # not the main thread (e.g. a launcher running jobs in threads): no handler
             with contextlib.suppress(ValueError):
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
         self.signum = signum
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
+    @property
+    def status(self) -> str:
+        return M.STATUS_INTERRUPTED if self.signum == signal.SIGINT else M.STATUS_PREEMPTED
+
     def pass_on(self) -> None:
-        """Deliver the signal we held back to the handler that was there before us."""
-        if self.signum is not None:
+        """Deliver a scheduler's signal we held back to the handler that was there before us."""
+        if self.signum is not None and self.signum != signal.SIGINT:
             signal.raise_signal(self.signum)
+
+
+class Interrupted(Exception):
+    """Raised by :func:`train` after a Ctrl-C once the run is recorded as interrupted (the CLI exits 130)."""
+
+    def __init__(self, summary: dict[str, Any]):
+        super().__init__("interrupted")
+        self.summary = summary
 
 
 def _trim_metrics(run_dir: Path, last_step: int) -> None:
@@ -169,305 +209,442 @@ def _trim_metrics(run_dir: Path, last_step: int) -> None:
     atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
-def _start_over_or_refuse(run_dir: Path) -> None:
-    """No checkpoint to resume from. A finished run (completed/diverged) in the directory is never overwritten;
-    a run killed before its first checkpoint starts over (its partial rows would be logged again, identically)."""
-    summary = run_dir / M.SUMMARY_FILE
-    status = None
-    if summary.exists():
-        try:
-            status = json.loads(summary.read_text()).get(M.STATUS)
-        except (OSError, ValueError):
-            status = "unreadable"
-    if status in (M.STATUS_COMPLETED, M.STATUS_DIVERGED, "unreadable"):
+def _recorded_status(run_dir: Path) -> tuple[str | None, dict[str, Any]]:
+    """(status, summary) of the run recorded in ``run_dir``; ("unreadable", {}) for a damaged summary.json."""
+    path = run_dir / M.SUMMARY_FILE
+    if not path.exists():
+        return None, {}
+    try:
+        summary = json.loads(path.read_text())
+        return summary.get(M.STATUS), summary
+    except (OSError, ValueError, AttributeError):
+        return "unreadable", {}
+
+
+def _recorded_config(run_dir: Path) -> dict | None:
+    try:
+        loaded = OmegaConf.to_container(OmegaConf.load(run_dir / M.CONFIG_FILE), resolve=True)
+    except Exception:  # missing or damaged: treated as unknown
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+class AlreadyFinished(Exception):
+    """The run directory holds a finished run of this very config: nothing to do, nothing is changed."""
+
+    def __init__(self, summary: dict[str, Any]):
+        super().__init__("already finished")
+        self.summary = summary
+
+
+def check_finished(run_dir: Path, config: dict) -> None:
+    """A finished run (completed or diverged) is never trained further nor rewritten.
+
+    Same config again (a re-launched sweep, a SLURM requeue after the job finished): raise AlreadyFinished,
+    which the CLI reports in one line with exit 0, changing nothing. Another config: one-line ConfigError."""
+    status, summary = _recorded_status(run_dir)
+    if status not in (M.STATUS_COMPLETED, M.STATUS_DIVERGED, "unreadable"):
+        return
+    where = f"hydra.run.dir={str(run_dir)!r} is invalid"
+    if status == "unreadable":
+        raise ckpt.CheckpointError(f"{where}: its {M.SUMMARY_FILE} is unreadable; use a new run directory")
+    recorded = _recorded_config(run_dir)
+    diff = ckpt.config_differences(recorded, config) if recorded is not None else ["config.yaml"]
+    if diff:
         raise ckpt.CheckpointError(
-            f"hydra.run.dir={str(run_dir)!r} is invalid: it already holds a finished run (status {status}) and no "
-            "checkpoint to resume from; use a new run directory"
+            f"{where}: it holds a finished run (status {status}, {summary.get(M.STEPS)} steps) of another config "
+            f"({ckpt.describe_differences(recorded or {}, config, diff)}); use a new run directory"
         )
-    _trim_metrics(run_dir, -1)
+    raise AlreadyFinished(summary)
+
+
+class Trainer:
+    """One run, from a config to its record in ``run_dir`` (see the module docstring for the algorithm).
+
+    ``on_accept`` runs (on rank 0) once every check has passed, before anything is written."""
+
+    def __init__(self, cfg: DictConfig, run_dir: str | Path, name: str | None = None,
+                 on_accept: Callable[[], None] | None = None):  # fmt: skip
+        apply_rung(cfg)  # a ladder's shape (already applied when composed; applying it again changes nothing)
+        validate(cfg)
+        self.session_start = time.perf_counter()
+        self.cfg, t = cfg, cfg.train
+        self.dist, self.device = init_distributed(resolve_device(t.device))
+        # under torchrun each rank's Hydra may name its own dir: rank 0's wins
+        self.run_dir = run_dir = Path(self.dist.broadcast(str(run_dir)))
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        self.autocast = (
+            (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if self.device.type == "cuda" else nullcontext
+        )
+        if t.batch_size % (self.dist.world * t.grad_accum):
+            raise ConfigError(f"train.batch_size={t.batch_size} is invalid: must be divisible by the number of "
+                              f"processes ({self.dist.world}) x train.grad_accum ({t.grad_accum})")  # fmt: skip
+
+        # --- checks: nothing is written before all of them pass -------------------------------------------
+        self.data = load_data(cfg.data)
+        if cfg.ladder.name is not None:  # the rung's budget: tokens_per_param x N (N needs the vocabulary)
+            budget = token_budget(cfg, non_embedding_params(cfg, self.data.vocab_size))
+            check_budget(cfg, budget)
+            with open_dict(cfg):
+                cfg.train.max_tokens = budget
+        self.config = to_container(cfg)
+        check_finished(run_dir, self.config)  # every rank reads it, so all of them stop alike
+        resume_from = ckpt.find_resume(run_dir, t.resume)
+        saved = ckpt.load(resume_from) if resume_from else None
+        if saved is not None:
+            diff = ckpt.config_differences(saved["config"], self.config)
+            if diff:
+                shown = ckpt.describe_differences(saved["config"], self.config, diff)
+                raise ckpt.CheckpointError(
+                    f"train.resume={str(resume_from)!r} is invalid: the checkpoint is of another config ({shown})"
+                )
+        check_length(self.data, cfg.model.context)
+        longest = max(t.extrapolation, default=1) * cfg.model.context
+        if len(self.data.val) < longest + 1:
+            raise ConfigError(f"train.extrapolation={list(t.extrapolation)} is invalid: the validation split has "
+                              f"{len(self.data.val)} tokens, fewer than {longest + 1}")  # fmt: skip
+        check_step_memory(cfg, self.data.vocab_size, self.device, self.dist.world)
+        self.tokens_per_step = t.batch_size * cfg.model.context  # global, all ranks together
+        tokens_cap = math.inf if t.max_tokens is None else math.ceil(t.max_tokens / self.tokens_per_step)
+        self.horizon = min(t.max_steps, tokens_cap)  # the step the LR schedule ends at
+        if saved is not None and saved["step"] > self.horizon:
+            raise ckpt.CheckpointError(f"train.resume={str(resume_from)!r} is invalid: the checkpoint is at step "
+                                       f"{saved['step']}, past this run's last step ({self.horizon})")  # fmt: skip
+        if on_accept is not None and self.dist.main:
+            on_accept()
+        if saved is None and self.dist.main:
+            _trim_metrics(run_dir, -1)  # a run killed before its first checkpoint starts over
+
+        # --- build ------------------------------------------------------------------------------------------
+        seed_everything(cfg.seed)
+        self.model = model = TransformerLM(cfg, self.data.vocab_size).to(self.device)
+        self.cost = model_cost(model, cfg)
+        self.regularizer = REGULARIZERS.build(cfg.regularization)
+        self.optimizer = build_optimizer(cfg, model, self.regularizer, self.device)
+        self.lr_at = build_schedule(cfg.optim, self.horizon)
+        self.val = [
+            (x.to(self.device), y.to(self.device))
+            for x, y in val_batches(self.data.val, t.batch_size, cfg.model.context, t.eval_batches)
+        ]
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.peak = (t.peak_flops or measured_peak_flops(self.device.type, dtype)) * self.dist.world
+        self.grad_spikes = M.SpikeDetector(t.spike.window, t.spike.k)
+        self.loss_spikes = M.SpikeDetector(t.spike.window, t.spike.k)
+        self.meter = M.ThroughputMeter()
+        self.progress = Progress()
+        self.summary: dict[str, Any] = {
+            M.STATUS: M.STATUS_RUNNING,
+            M.RUN_NAME: name or run_name(cfg),
+            M.GROUP: cfg.study,
+            M.CHOICES: dict(cfg.choices),
+            M.SEED: cfg.seed,
+            M.PARAMS_TOTAL: self.cost.params_total,
+            M.PARAMS_NON_EMBEDDING: self.cost.params_non_embedding,
+            M.FLOPS_PER_TOKEN: self.cost.flops_per_token,
+            M.PEAK_FLOPS: self.peak,
+            "world_size": self.dist.world,
+            M.OPTIMIZER_PARAMS: getattr(self.optimizer, "assignment", None),
+            M.DIVERGED_AT: None,
+            M.ERROR: None,
+        }
+        self.fresh = saved is None
+        if saved is not None:
+            self._restore(saved)
+
+        # what runs the step: DDP when there are several processes; with train.compile the forward AND the loss
+        # are compiled as one function (the [tokens, vocab] log-softmax is ~5% of a step; compiling the model
+        # alone left it eager: bench/throughput.py). Probes, checkpoints and evaluation use the plain module.
+        self.step_model: torch.nn.Module = model
+        if self.dist.active:
+            device_ids = [self.device] if self.device.type == "cuda" else None
+            self.step_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        self.forward_loss = compile_step(self._forward_loss) if t.compile else self._forward_loss
+
+        self.tracker = Trackers(LocalRecord(run_dir), TRACKERS.build(cfg.tracking)) if self.dist.main else Tracker()
+        self.info = RunInfo(run_dir, self.summary[M.RUN_NAME], cfg.study, run_tags(cfg), self.config,
+                            resume_id=self.summary.get("wandb_id"))  # fmt: skip
+        self.summary.update(self.tracker.start(self.info))
+        self.summary[M.RESUMED_FROM] = self.progress.resumed_from
+        self.tracker.summary(self.summary)
+        self.wall_before = self.progress.wall_time_s
+        self.session_steps = 0
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        """The state of the checkpoint we resume from: model, optimizer, detectors, sums, summary, RNG."""
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.grad_spikes.load_state_dict(saved["grad_spikes"])
+        self.loss_spikes.load_state_dict(saved["loss_spikes"])
+        self.meter = M.ThroughputMeter(**saved["meter"])
+        self.progress = Progress(**saved["progress"])
+        self.progress.resumed_from.append(self.progress.step)
+        self.summary = {**saved["summary"], M.RUN_NAME: self.summary[M.RUN_NAME]}
+        if self.dist.main:
+            _trim_metrics(self.run_dir, self.progress.step)
+        ckpt.set_rng_state(saved["rng"])
+
+    # --- the parts of a step -----------------------------------------------------------------------------
+    def _forward_loss(self, xm: torch.Tensor, ym: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """logits, then (loss, cross-entropy, z-loss term) of one micro-batch."""
+        with self.autocast():
+            logits = self.step_model(xm)
+        return logits, *self.regularizer.loss(logits, ym)
+
+    def train_step(self, step: int, probe: StepProbe) -> dict[str, float]:
+        """One optimizer step on the batch of ``step``; returns its metrics row (loss, grad norm, lr, speed)."""
+        t, model, optimizer = self.cfg.train, self.model, self.optimizer
+        x, y = get_batch(self.data.train, t.batch_size, self.cfg.model.context, self.cfg.seed, step)
+        x = self.dist.shard(x).to(self.device, non_blocking=True)
+        y = self.dist.shard(y).to(self.device, non_blocking=True)
+        lr = self.cfg.optim.lr * self.lr_at(step - 1)
+        set_lr(optimizer, lr)  # each group's lr: lr x its lr_scale (μP, Muon's AdamW part)
+
+        tic = time.perf_counter()  # the probes' cost is inside the step time
+        optimizer.zero_grad(set_to_none=True)
+        ce_sum = torch.zeros((), device=self.device)
+        z_sum = torch.zeros((), device=self.device)
+        micro = list(zip(x.chunk(t.grad_accum), y.chunk(t.grad_accum)))
+        for i, (xm, ym) in enumerate(micro):
+            last = i == len(micro) - 1
+            with nullcontext() if last or not self.dist.active else self.step_model.no_sync():
+                with probe.watch(xm, self.autocast):
+                    logits, loss, ce, z = self.forward_loss(xm, ym)
+                probe.logits(logits)
+                (loss / len(micro)).backward()
+            ce_sum, z_sum = ce_sum + ce.detach(), z_sum + z.detach()
+        probe.after_backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.regularizer.grad_clip or math.inf)
+        ce_value = self.dist.mean(ce_sum / len(micro)).item()
+        norm_value = grad_norm.item()
+        finite = math.isfinite(ce_value) and math.isfinite(norm_value)
+        if finite:
+            optimizer.step()
+        seconds = time.perf_counter() - tic
+
+        self.session_steps += 1
+        if self.session_steps <= COLD_STEPS:  # lazy initialisation / compilation: not in the mean tokens/s
+            p = self.progress
+            p.cold_steps, p.cold_seconds = p.cold_steps + 1, p.cold_seconds + seconds
+            if p.cold_steps == 1:  # the run's very first step (a resumed session's is not recorded)
+                self.summary[M.FIRST_STEP_S] = seconds
+            rate = self.tokens_per_step / max(seconds, 1e-12)
+        else:
+            rate = self.meter.update(self.tokens_per_step, seconds)
+        row: dict[str, float] = dict(probe.stats)
+        row.update({
+            M.TRAIN_LOSS: ce_value,
+            M.GRAD_NORM: norm_value,
+            M.LR: lr,
+            M.TOKENS: step * self.tokens_per_step,
+            M.TOKENS_PER_SEC: rate,
+            M.STEP_TIME_MS: 1000 * seconds,
+            M.MFU: self.cost.flops_per_token * rate / self.peak,
+        })  # fmt: skip
+        if self.cfg.regularization.z_loss:
+            row[M.TRAIN_Z_LOSS] = self.dist.mean(z_sum / len(micro)).item()
+        return row
+
+    def record(self, row: dict[str, float]) -> bool:
+        """Spike detectors and running sums from a step's row; False when the step was not finite."""
+        ce_value, norm_value = row[M.TRAIN_LOSS], row[M.GRAD_NORM]
+        row[M.SPIKE_GRAD_NORM] = float(self.grad_spikes.update(norm_value))
+        row[M.SPIKE_GRAD_NORM_COUNT] = self.grad_spikes.count
+        row[M.SPIKE_LOSS] = float(self.loss_spikes.update(ce_value))
+        row[M.SPIKE_LOSS_COUNT] = self.loss_spikes.count
+        if math.isfinite(ce_value) and math.isfinite(norm_value):
+            self.progress.recent_losses = [*self.progress.recent_losses, ce_value][-10:]
+            return True
+        self.progress.skipped += 1
+        row[M.SKIPPED_STEPS] = self.progress.skipped
+        return False
+
+    def evaluate(self) -> float:
+        """Validation loss now (fixed batches), appended to the run's list."""
+        self.progress.val_losses.append(evaluate(self.model, self.val, self.autocast))
+        return self.progress.val_losses[-1]
+
+    def budget_spent(self, step: int) -> str | None:
+        """Which budget ends the run at ``step``, if any: max_steps, max_tokens or max_time_s."""
+        t = self.cfg.train
+        if step >= self.horizon:
+            return "max_tokens" if self.horizon < t.max_steps else "max_steps"
+        spent = self.meter.seconds + self.progress.cold_seconds  # every step's time, cold ones included
+        if t.max_time_s is not None and self.dist.any(spent >= t.max_time_s, self.device):
+            return "max_time_s"
+        return None
+
+    def snapshot(self) -> dict[str, Any]:
+        """The summary with everything accumulated so far."""
+        p = self.progress
+        p.wall_time_s = self.wall_before + time.perf_counter() - self.session_start
+        rate = self.meter.mean_tokens_per_sec if self.meter.seconds else None
+        if rate is None and p.cold_seconds:  # every step so far was a cold one: their rate is all there is
+            rate = p.cold_steps * self.tokens_per_step / p.cold_seconds
+        if self.cfg.train.compile and self.meter.seconds and self.summary.get(M.FIRST_STEP_S) is not None:
+            typical = self.meter.seconds * self.tokens_per_step / self.meter.tokens  # a warm step's time
+            self.summary[M.COMPILE_TIME_S] = max(0.0, self.summary[M.FIRST_STEP_S] - typical)
+        self.summary.update({
+            M.FINAL_VAL_LOSS: p.val_losses[-1] if p.val_losses else None,
+            M.BEST_VAL_LOSS: min((v for v in p.val_losses if math.isfinite(v)), default=None),
+            M.FINAL_TRAIN_LOSS: float(np.mean(p.recent_losses)) if p.recent_losses else None,
+            M.GRAD_NORM_SPIKES: self.grad_spikes.count,
+            M.LOSS_SPIKES: self.loss_spikes.count,
+            M.SKIPPED_STEPS: p.skipped,
+            M.MEAN_TOKENS_PER_SEC: rate,
+            M.THROUGHPUT_COLD_STEPS: p.cold_steps,
+            M.MEAN_MFU: self.cost.flops_per_token * rate / self.peak if rate else None,
+            M.STEPS: p.step,
+            M.TOTAL_TOKENS: p.step * self.tokens_per_step,
+            M.WALL_TIME_S: p.wall_time_s,
+        })  # fmt: skip
+        return self.summary
+
+    def save_checkpoint(self) -> None:
+        """Everything the next step depends on (rank 0 writes; the others hold the same state)."""
+        if not self.dist.main:
+            return
+        self.snapshot()
+        state = {
+            "config": self.config,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": ckpt.rng_state(),
+            "grad_spikes": self.grad_spikes.state_dict(),
+            "loss_spikes": self.loss_spikes.state_dict(),
+            "meter": asdict(self.meter),
+            "progress": asdict(self.progress),
+            "summary": dict(self.summary),
+        }
+        ckpt.save(self.run_dir, self.progress.step, state, self.cfg.train.keep_checkpoints)
+
+    def finish(self, status: str, stop_reason: str | None) -> dict[str, Any]:
+        """The final summary, written by every tracker; the trackers are closed."""
+        self.snapshot()
+        self.summary[M.STATUS] = status
+        self.summary[M.STOP_REASON] = stop_reason
+        self.tracker.summary(self.summary)
+        self.tracker.finish(status)
+        self.dist.close()
+        return self.summary
+
+    # --- the loop ----------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Train until a budget, divergence or a signal stops the run; returns the final summary."""
+        t, cfg, p = self.cfg.train, self.cfg, self.progress
+        status, stop_reason = M.STATUS_RUNNING, None
+        bar = _progress(t, self.info.name, p.step, self.dist.main)
+        with StopSignals() as signals:
+            try:
+                if self.fresh:
+                    self.tracker.log({M.VAL_LOSS: self.evaluate(), M.TOKENS: 0}, step=0)  # the loss at init
+                else:  # killed after the last step's checkpoint but before the summary said so: nothing to train
+                    stop_reason = self.budget_spent(p.step)
+                while stop_reason is None:
+                    step = p.step + 1
+                    # probe the first step too: per-layer gradients at initialization (Xiong et al. 2020)
+                    probing = self.dist.main and t.probe_every > 0 and (step == 1 or step % t.probe_every == 0)
+                    probe = StepProbe(self.model, side_pass=t.compile) if probing else NO_PROBE
+                    try:
+                        row = self.train_step(step, probe)
+                    except RuntimeError as err:
+                        oom = out_of_memory(err, cfg, self.device)
+                        if oom is None:
+                            raise
+                        raise ConfigError(oom) from None
+                    p.step = step
+                    if probing:
+                        row[M.PEAK_MEM_MB] = peak_memory_mb(self.device)
+                    finite = self.record(row)
+                    if not finite and (t.divergence == "stop" or p.skipped > t.max_skipped_steps):
+                        status, stop_reason = M.STATUS_DIVERGED, "diverged"
+                        self.summary[M.DIVERGED_AT] = step
+                        self.tracker.log(row, step)
+                        break
+                    stop_reason = self.budget_spent(step)
+                    if step % t.eval_every == 0 or stop_reason:
+                        row[M.VAL_LOSS] = self.evaluate()
+                    if stop_reason and t.extrapolation:
+                        row.update(extrapolate(self.model, self.data.val, cfg, self.device, self.autocast))
+                        self.summary["extrapolation"] = {k: row[M.val_loss_at(k)] for k in t.extrapolation}
+                    if step % t.log_every == 0 or M.VAL_LOSS in row or not finite or probing:
+                        self.tracker.log(row, step)
+                    if M.VAL_LOSS in row:
+                        self.tracker.summary(self.snapshot())
+                    signalled = self.dist.any(signals.signum is not None, self.device)
+                    if stop_reason or (t.checkpoint_every and step % t.checkpoint_every == 0) or signalled:
+                        self.save_checkpoint()
+                    bar.update(1)
+                    bar.set_postfix(
+                        loss=f"{row[M.TRAIN_LOSS]:.3f}", tok_s=f"{row[M.TOKENS_PER_SEC]:.0f}", refresh=False
+                    )
+                    if signalled and not stop_reason:
+                        status, stop_reason = signals.status, signals.status
+                if status == M.STATUS_RUNNING:
+                    status = M.STATUS_COMPLETED
+            except KeyboardInterrupt:  # a second Ctrl-C: stop now, no checkpoint of this step
+                status, stop_reason = M.STATUS_INTERRUPTED, M.STATUS_INTERRUPTED
+            except BaseException as err:  # record the failure, then let it propagate
+                status = M.STATUS_FAILED
+                self.summary[M.ERROR] = f"{type(err).__name__}: {err}"
+                raise
+            finally:
+                bar.close()
+                summary = self.finish(status, stop_reason)
+        signals.pass_on()
+        if status == M.STATUS_INTERRUPTED:
+            raise Interrupted(summary)
+        return summary
+
+
+def build_optimizer(cfg: DictConfig, model: torch.nn.Module, regularizer: Any, device: torch.device):
+    """Parameter groups (weight decay from the regularizer; per-group ``lr_scale`` from the parametrization,
+    where it sets one), then the ``optim`` option's optimizer over them."""
+    groups = optimizer_groups(cfg, model, regularizer.param_groups(model))
+    return OPTIMIZERS.build(cfg.optim, groups, device)
 
 
 def train(
     cfg: DictConfig, run_dir: str | Path, name: str | None = None, on_accept: Callable[[], None] | None = None
 ) -> dict[str, Any]:
-    """Train one run (or continue it from its checkpoint) and write its record into ``run_dir``.
-    ``on_accept`` runs (on rank 0) once every check has passed, before anything is written."""
-    validate(cfg)
-    session_start = time.perf_counter()
-    t = cfg.train
-    dist_env, device = init_distributed(resolve_device(t.device))
-    run_dir = Path(dist_env.broadcast(str(run_dir)))  # under torchrun each rank's Hydra may name its own dir
-    if t.threads:
-        torch.set_num_threads(t.threads)
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else nullcontext
-    config = to_container(cfg)
-    if t.batch_size % (dist_env.world * t.grad_accum):
-        raise ConfigError(
-            f"train.batch_size={t.batch_size} is invalid: must be divisible by the number of processes "
-            f"({dist_env.world}) x train.grad_accum ({t.grad_accum})"
-        )
-
-    resume_from = ckpt.find_resume(run_dir, t.resume)
-    saved = ckpt.load(resume_from) if resume_from else None
-    if saved is not None:
-        diff = ckpt.config_differences(saved["config"], config)
-        if diff:
-            shown = ", ".join(
-                f"{k}: {ckpt.flat_config(saved['config']).get(k)!r} -> {ckpt.flat_config(config).get(k)!r}"
-                for k in diff[:3]
-            )
-            raise ckpt.CheckpointError(
-                f"train.resume={str(resume_from)!r} is invalid: the checkpoint is of another config ({shown})"
-            )
-    elif dist_env.main:
-        _start_over_or_refuse(run_dir)
-
-    data = load_data(cfg.data)
-    check_length(data, cfg.model.context)
-    longest = max(t.extrapolation, default=1) * cfg.model.context
-    if len(data.val) < longest + 1:
-        raise ConfigError(
-            f"train.extrapolation={list(t.extrapolation)} is invalid: the validation split has "
-            f"{len(data.val)} tokens, fewer than {longest + 1}"
-        )
-    if on_accept is not None and dist_env.main:
-        on_accept()
-    seed_everything(cfg.seed)
-    model = TransformerLM(cfg, data.vocab_size).to(device)
-    cost = model_cost(model, cfg)
-    regularizer = REGULARIZERS.build(cfg.regularization)
-    optimizer = OPTIMIZERS.build(cfg.optim, regularizer.param_groups(model), device)
-    tokens_per_step = t.batch_size * cfg.model.context  # global, all ranks together
-    horizon = t.max_steps if t.max_tokens is None else min(t.max_steps, math.ceil(t.max_tokens / tokens_per_step))
-    lr_at = build_schedule(cfg.optim, horizon)
-    val = [
-        (x.to(device), y.to(device)) for x, y in val_batches(data.val, t.batch_size, cfg.model.context, t.eval_batches)
-    ]
-    peak = t.peak_flops or measured_peak_flops(device.type, torch.bfloat16 if device.type == "cuda" else torch.float32)
-    peak *= dist_env.world
-
-    grad_spikes = M.SpikeDetector(t.spike.window, t.spike.k)
-    loss_spikes = M.SpikeDetector(t.spike.window, t.spike.k)
-    meter = M.ThroughputMeter()
-    progress = Progress()
-    summary: dict[str, Any] = {
-        M.STATUS: M.STATUS_RUNNING,
-        M.RUN_NAME: name or run_name(cfg),
-        M.GROUP: cfg.study,
-        M.CHOICES: dict(cfg.choices),
-        M.SEED: cfg.seed,
-        M.PARAMS_TOTAL: cost.params_total,
-        M.PARAMS_NON_EMBEDDING: cost.params_non_embedding,
-        "flops_per_token": cost.flops_per_token,
-        M.PEAK_FLOPS: peak,
-        "world_size": dist_env.world,
-        M.DIVERGED_AT: None,
-        M.ERROR: None,
-    }
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        grad_spikes.load_state_dict(saved["grad_spikes"])
-        loss_spikes.load_state_dict(saved["loss_spikes"])
-        meter = M.ThroughputMeter(**saved["meter"])
-        progress = Progress(**saved["progress"])
-        progress.resumed_from.append(progress.step)
-        summary = {**saved["summary"], M.RUN_NAME: summary[M.RUN_NAME]}
-        if dist_env.main:
-            _trim_metrics(run_dir, progress.step)
-        ckpt.set_rng_state(saved["rng"])
-
-    # what runs the step: DDP when there are several processes; with train.compile the forward AND the loss
-    # are compiled as one function (the [tokens, vocab] log-softmax is ~5% of a step; compiling the model alone
-    # left it eager: bench/throughput.py). Probes, checkpoints and evaluation use the plain module.
-    step_model: torch.nn.Module = model
-    if dist_env.active:
-        step_model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device] if device.type == "cuda" else None
-        )
-
-    def forward_loss(xm: torch.Tensor, ym: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """logits, then (loss, cross-entropy, z-loss term) of one micro-batch."""
-        with autocast():
-            logits = step_model(xm)
-        return logits, *regularizer.loss(logits, ym)
-
-    if t.compile:
-        forward_loss = compile_step(forward_loss)
-
-    tracker = Trackers(LocalRecord(run_dir), TRACKERS.build(cfg.tracking)) if dist_env.main else Tracker()
-    info = RunInfo(run_dir, summary[M.RUN_NAME], cfg.study, run_tags(cfg), config, resume_id=summary.get("wandb_id"))
-    summary.update(tracker.start(info))
-    summary[M.RESUMED_FROM] = progress.resumed_from
-    tracker.summary(summary)
-    wall_before = progress.wall_time_s
-
-    def snapshot() -> dict[str, Any]:
-        progress.wall_time_s = wall_before + time.perf_counter() - session_start
-        mean_rate = meter.mean_tokens_per_sec if meter.seconds else None
-        summary.update(
-            {
-                M.FINAL_VAL_LOSS: progress.val_losses[-1] if progress.val_losses else None,
-                M.BEST_VAL_LOSS: min((v for v in progress.val_losses if math.isfinite(v)), default=None),
-                M.FINAL_TRAIN_LOSS: float(np.mean(progress.recent_losses)) if progress.recent_losses else None,
-                M.GRAD_NORM_SPIKES: grad_spikes.count,
-                M.LOSS_SPIKES: loss_spikes.count,
-                M.SKIPPED_STEPS: progress.skipped,
-                M.MEAN_TOKENS_PER_SEC: mean_rate,
-                M.MEAN_MFU: cost.flops_per_token * mean_rate / peak if mean_rate else None,
-                M.STEPS: progress.step,
-                M.TOTAL_TOKENS: progress.step * tokens_per_step,
-                M.WALL_TIME_S: progress.wall_time_s,
-            }
-        )
-        return summary
-
-    def save_checkpoint() -> None:
-        if not dist_env.main:
-            return
-        snapshot()
-        state = {
-            "config": config,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "rng": ckpt.rng_state(),
-            "grad_spikes": grad_spikes.state_dict(),
-            "loss_spikes": loss_spikes.state_dict(),
-            "meter": asdict(meter),
-            "progress": asdict(progress),
-            "summary": dict(summary),
-        }
-        ckpt.save(run_dir, progress.step, state, t.keep_checkpoints)
-
-    def budget_spent(step: int) -> str | None:
-        if step >= horizon:
-            return "max_tokens" if horizon < t.max_steps else "max_steps"
-        if t.max_time_s is not None and dist_env.any(meter.seconds >= t.max_time_s, device):
-            return "max_time_s"
-        return None
-
-    status, stop_reason = M.STATUS_RUNNING, None
-    bar = _progress(t, info.name, progress.step, dist_env.main)
-    with Preemption() as preemption:
-        try:
-            if saved is None:
-                progress.val_losses.append(evaluate(model, val, autocast))
-                tracker.log({M.VAL_LOSS: progress.val_losses[-1], M.TOKENS: 0}, step=0)  # the loss at initialization
-            while stop_reason is None:
-                step = progress.step + 1
-                x, y = get_batch(data.train, t.batch_size, cfg.model.context, cfg.seed, step)
-                x, y = dist_env.shard(x).to(device, non_blocking=True), dist_env.shard(y).to(device, non_blocking=True)
-                lr = cfg.optim.lr * lr_at(step - 1)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                # probe the first step too: per-layer gradients at initialization (Xiong et al. 2020)
-                probing = dist_env.main and t.probe_every > 0 and (step == 1 or step % t.probe_every == 0)
-                probe = StepProbe(model, side_pass=t.compile) if probing else NO_PROBE
-
-                tic = time.perf_counter()  # the probes' cost is inside the step time
-                optimizer.zero_grad(set_to_none=True)
-                ce_sum, z_sum = torch.zeros((), device=device), torch.zeros((), device=device)
-                micro = list(zip(x.chunk(t.grad_accum), y.chunk(t.grad_accum)))
-                for i, (xm, ym) in enumerate(micro):
-                    last = i == len(micro) - 1
-                    with nullcontext() if last or not dist_env.active else step_model.no_sync():
-                        with probe.watch(xm, autocast):
-                            logits, loss, ce, z = forward_loss(xm, ym)
-                        probe.logits(logits)
-                        (loss / len(micro)).backward()
-                    ce_sum, z_sum = ce_sum + ce.detach(), z_sum + z.detach()
-                probe.after_backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), regularizer.grad_clip or math.inf)
-                ce_value = dist_env.mean(ce_sum / len(micro)).item()
-                norm_value = grad_norm.item()
-                finite = math.isfinite(ce_value) and math.isfinite(norm_value)
-                if finite:
-                    optimizer.step()
-                seconds = time.perf_counter() - tic
-                progress.step = step
-                rate = meter.update(tokens_per_step, seconds)
-
-                row: dict[str, float] = dict(probe.stats)
-                row.update(
-                    {
-                        M.TRAIN_LOSS: ce_value,
-                        M.GRAD_NORM: norm_value,
-                        M.LR: lr,
-                        M.TOKENS: step * tokens_per_step,
-                        M.TOKENS_PER_SEC: rate,
-                        M.STEP_TIME_MS: 1000 * seconds,
-                        M.MFU: cost.flops_per_token * rate / peak,
-                        M.SPIKE_GRAD_NORM: float(grad_spikes.update(norm_value)),
-                        M.SPIKE_GRAD_NORM_COUNT: grad_spikes.count,
-                        M.SPIKE_LOSS: float(loss_spikes.update(ce_value)),
-                        M.SPIKE_LOSS_COUNT: loss_spikes.count,
-                    }
-                )
-                if cfg.regularization.z_loss:
-                    row[M.TRAIN_Z_LOSS] = dist_env.mean(z_sum / len(micro)).item()
-                if probing:
-                    row[M.PEAK_MEM_MB] = peak_memory_mb(device)
-                if finite:
-                    progress.recent_losses = (progress.recent_losses + [ce_value])[-10:]
-                else:
-                    progress.skipped += 1
-                    row[M.SKIPPED_STEPS] = progress.skipped
-                    if t.divergence == "stop" or progress.skipped > t.max_skipped_steps:
-                        status, stop_reason = M.STATUS_DIVERGED, "diverged"
-                        summary[M.DIVERGED_AT] = step
-                        tracker.log(row, step)
-                        break
-                stop_reason = budget_spent(step)
-                if step % t.eval_every == 0 or stop_reason:
-                    progress.val_losses.append(evaluate(model, val, autocast))
-                    row[M.VAL_LOSS] = progress.val_losses[-1]
-                if stop_reason and t.extrapolation:
-                    row.update(extrapolate(model, data.val, cfg, device, autocast))
-                    summary["extrapolation"] = {k: row[M.val_loss_at(k)] for k in t.extrapolation}
-                if step % t.log_every == 0 or M.VAL_LOSS in row or not finite or probing:
-                    tracker.log(row, step)
-                if M.VAL_LOSS in row:
-                    tracker.summary(snapshot())
-                preempted = dist_env.any(preemption.signum is not None, device)
-                if stop_reason or (t.checkpoint_every and step % t.checkpoint_every == 0) or preempted:
-                    save_checkpoint()
-                bar.update(1)
-                bar.set_postfix(loss=f"{ce_value:.3f}", tok_s=f"{rate:.0f}", refresh=False)
-                if preempted and not stop_reason:
-                    status, stop_reason = M.STATUS_PREEMPTED, "preempted"
-            if status == M.STATUS_RUNNING:
-                status = M.STATUS_COMPLETED
-        except BaseException as err:  # record the failure, then let it propagate (Ctrl-C included)
-            status = M.STATUS_FAILED
-            summary[M.ERROR] = f"{type(err).__name__}: {err}"
-            raise
-        finally:
-            bar.close()
-            snapshot()
-            summary[M.STATUS] = status
-            summary[M.STOP_REASON] = stop_reason
-            tracker.summary(summary)
-            tracker.finish(status)
-            dist_env.close()
-    preemption.pass_on()
-    return summary
+    """Train one run (or continue it from its checkpoint) and write its record into ``run_dir``; returns the
+    final summary. A finished run of the same config is returned as recorded, unchanged."""
+    try:
+        trainer = Trainer(cfg, run_dir, name, on_accept)
+    except AlreadyFinished as done:
+        return done.summary
+    return trainer.run()
 
 
 def _progress(t: DictConfig, name: str, initial: int, main: bool):
     from tqdm.auto import tqdm
 
-    return tqdm(
-        total=t.max_steps,
-        initial=initial,
-        desc=name[:60],
-        disable=not (t.progress and main),
-        leave=False,
-        mininterval=1.0,
-        file=sys.stderr,
-    )
+    return tqdm(total=t.max_steps, initial=initial, desc=name[:60], disable=not (t.progress and main), leave=False,
+                mininterval=1.0, file=sys.stderr)  # fmt: skip
 
 
 _STARTED = False  # set once Hydra has composed the config: later errors are not composition errors
+
+
+def _remove_if_new_and_empty(folder: Path, started: float, within: Path) -> None:
+    """A refused launch changes nothing: remove the run folder Hydra made for it, then its parents inside
+    ``within`` (outputs/<study>/ under the launch directory), each only while it is empty and was modified
+    since this process started (an older empty folder is the user's and stays)."""
+    folder, within = folder.resolve(), within.resolve()
+    while True:
+        try:
+            if any(folder.iterdir()) or folder.stat().st_mtime < started:
+                return
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
+        if folder == within or within not in folder.parents:
+            return
+
+
+def _is_main_rank() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
@@ -489,29 +666,64 @@ def main(cfg: DictConfig) -> float | None:
         folder.mkdir(parents=True, exist_ok=True)
         plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "choices"])
         atomic_write_text(folder / "config.yaml", OmegaConf.to_yaml(plain))
-        atomic_write_text(
-            folder / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": OmegaConf.to_container(hc)}))
-        )
+        hydra_node = OmegaConf.create({"hydra": OmegaConf.to_container(hc)})
+        atomic_write_text(folder / "hydra.yaml", OmegaConf.to_yaml(hydra_node))
         atomic_write_text(folder / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(hc.overrides.task))))
 
+    name = run_name(cfg, list(hc.overrides.task))
     try:
-        summary = train(cfg, out, name=run_name(cfg, list(hc.overrides.task)), on_accept=save_hydra_record)
+        apply_rung(cfg)
+        check_budget_keys(cfg)
+        trainer = Trainer(cfg, out, name=name, on_accept=save_hydra_record)
+    except AlreadyFinished as done:
+        s = done.summary
+        if _is_main_rank():
+            print(f"{s.get(M.STATUS)} (recorded earlier, unchanged): {s.get(M.RUN_NAME)}  "
+                  f"val/loss={s.get(M.FINAL_VAL_LOSS)}  -> {out}")  # fmt: skip
+        return s.get(M.FINAL_VAL_LOSS)
     except ConfigError as err:
         print(f"lm-ablate: error: {err}", file=sys.stderr)
+        _remove_if_new_and_empty(out, _LAUNCHED, Path.cwd())
         sys.exit(2)
-    print(f"{summary[M.STATUS]}: {summary[M.RUN_NAME]}  val/loss={summary[M.FINAL_VAL_LOSS]}  -> {out}")
+    try:
+        summary = trainer.run()
+    except Interrupted as stop:
+        print(f"lm-ablate: interrupted at step {stop.summary[M.STEPS]}: {out} (the same command resumes it)",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(EXIT_INTERRUPTED)
+    except ConfigError as err:  # found while training (out of memory): one line, recorded as failed
+        print(f"lm-ablate: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    if _is_main_rank():
+        print(f"{summary[M.STATUS]}: {summary[M.RUN_NAME]}  val/loss={summary[M.FINAL_VAL_LOSS]}  -> {out}")
     return summary[M.FINAL_VAL_LOSS]  # the objective for optimizing sweepers (Optuna, Nevergrad)
+
+
+_LAUNCHED = time.time()
+
+
+def _run_dir_error(err: BaseException) -> str | None:
+    """Hydra creates the run folder before the run starts: a folder that cannot be made is one line too."""
+    if not isinstance(err, OSError) or err.filename is None:
+        return None
+    why = err.strerror or type(err).__name__
+    return (f"hydra.run.dir={str(err.filename)!r} is invalid: cannot create the run folder there ({why}); "
+            "allowed: a writable folder")  # fmt: skip
 
 
 def cli() -> None:
     """``python -m lm_ablate.train``: Hydra's composition errors (unknown option or key, wrong type) become one
-    line and exit 2 like every other bad input; HYDRA_FULL_ERROR=1 keeps Hydra's full report."""
+    line and exit 2 like every other bad input; HYDRA_FULL_ERROR=1 keeps Hydra's full report. A Ctrl-C outside a
+    run's steps (while tokenizing, say) is one line and exit 130 too."""
     user_full = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing its multi-line report
     try:
         main()
+    except KeyboardInterrupt:
+        print("lm-ablate: interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     except Exception as err:
-        line = None if (user_full or _STARTED) else compose_error_message(err)
+        line = None if (user_full or _STARTED) else compose_error_message(err) or _run_dir_error(err)
         if line is None:
             raise
         print(f"lm-ablate: error: {line}", file=sys.stderr)

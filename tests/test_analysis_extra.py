@@ -772,3 +772,166 @@ def test_odd_records_never_crash_the_report(lr_sweep_dir, tmp_path):
     runs = pd.read_parquet(out / "runs.parquet").set_index("run_id")
     assert runs.loc["empty", M.STATUS] == L.STATUS_INCOMPLETE and math.isnan(runs.loc["empty", L.INIT_VAL_LOSS])
     assert runs.loc["text_values", L.INIT_VAL_LOSS] == 10.0 and "val/loss@2x" in runs.columns
+
+
+# --- a bundle choice (arch, variant, experiment) is the intervention ------------------------------------
+def composed_record(overrides: list[str], seed: int) -> dict:
+    """The config a run of ``python -m lm_ablate.train <overrides> seed=<seed>`` records (choices included)."""
+    from lm_ablate.config import compose
+
+    return OmegaConf.to_container(compose([*overrides, "model=tiny", f"seed={seed}"]), resolve=True)
+
+
+ARCH_FINALS = {"original": [3.30, 3.42, 3.38], "gpt2": [3.10, 3.05, 3.20], "llama": [2.90, 3.00, 2.96]}
+
+
+def arch_sweep(root: Path, archs: tuple[str, ...], extra: dict[str, tuple[str, ...]] | None = None) -> Path:
+    """``--multirun arch=<archs> [key=values ...] seed=0,1,2`` as Hydra numbers its jobs (last key fastest)."""
+    import itertools
+
+    extra = extra or {}
+    grid = itertools.product(archs, *extra.values(), range(3))
+    for job, (arch, *values, seed) in enumerate(grid):
+        overrides = [f"arch={arch}", *(f"{k}={v}" for k, v in zip(extra, values))]
+        final = ARCH_FINALS[arch][seed]
+        rows = [{M.STEP: 0, M.VAL_LOSS: 5.5}, {M.STEP: STEPS, M.VAL_LOSS: final, M.TRAIN_LOSS: final}]
+        record = {**summary("pre", 1e-3, seed, final, M.STATUS_COMPLETED, STEPS), M.RUN_NAME: " ".join(overrides)}
+        write(root / str(job), composed_record(overrides, seed), rows, record)
+    return root
+
+
+def test_arch_sweep_is_compared_along_arch(tmp_path):
+    """``--multirun arch=original,llama seed=0,1,2``: one section, "arch: llama vs original", which sets the
+    keys the presets differ in; choices.arch is neither bookkeeping nor left out of the varied keys."""
+    rs = load_runs([arch_sweep(tmp_path / "runs", ("original", "llama"))])
+    cs = compare_runs(rs)
+    assert [(c.axis.label, c.axis.name) for c in cs.comparisons] == [("arch", "choices.arch")]
+    comp = cs.comparisons[0]
+    assert comp.arms == ["llama", "original"] and comp.baseline == "original"  # job 0 is original
+    sets = set(comp.axis.keys)
+    assert {"norm.name", "norm.placement", "position.name", "activation.name", "attention.name"} <= sets
+    assert not any(k.startswith("choices.") for k in cs.ignored)  # choices.norm repeats norm.name: not listed
+    assert [a.label for a in cs.varied] == ["arch"] and not cs.notes
+    llama = comp.table.set_index("arm").loc["llama"]
+    diffs = np.subtract(ARCH_FINALS["llama"], ARCH_FINALS["original"])  # paired by seed, written out here
+    assert llama["delta_final_val_loss"] == pytest.approx(diffs.mean())
+    half = st.t.ppf(0.975, 2) * diffs.std(ddof=1) / math.sqrt(3)
+    assert llama["delta_ci_high"] - llama["delta_ci_low"] == pytest.approx(2 * half)
+    # what the reader sees
+    out = tmp_path / "rep"
+    assert report_main([str(tmp_path / "runs"), "--out", str(out), "--workers", "1"]) == 0
+    md = (out / "report.md").read_text()
+    assert "## 1. arch: llama vs original" in md and "## 2." not in md
+    assert re.search(r"Arms: values of arch \(which also sets [^)]*norm\.name[^)]*\); baseline: original", md)
+    assert "Varied: arch = llama, original (changes together with" in md
+    assert "- Also differs, bookkeeping rather than an intervention (not compared): seed (0, 1, 2).\n" in md
+
+
+def test_arch_options_sharing_a_norm_are_still_one_axis(tmp_path):
+    """original and gpt2 both use LayerNorm, llama RMSNorm: norm.name splits the runs differently from arch
+    but only changes with it, so it is one of the keys arch sets, not an axis compared within arch."""
+    cs = compare_runs(load_runs([arch_sweep(tmp_path, ("original", "gpt2", "llama"))]))
+    assert [c.axis.label for c in cs.comparisons] == ["arch"] and not cs.notes
+    comp = cs.comparisons[0]
+    assert "norm.name" in comp.axis.keys and comp.contexts == ["all runs"]
+    assert comp.arms == ["gpt2", "llama", "original"]
+
+
+def test_arch_crossed_with_a_key_it_does_not_fix(tmp_path):
+    """The command line wins over a preset: norm.placement=pre,post varies within each arch, so it stays an
+    axis of its own and arch is compared within each placement."""
+    cs = compare_runs(load_runs([arch_sweep(tmp_path, ("original", "llama"), {"norm.placement": ("pre", "post")})]))
+    by_name = {c.axis.label: c for c in cs.comparisons}
+    assert set(by_name) == {"arch", "norm.placement"}
+    assert "norm.placement" not in by_name["arch"].axis.keys and "norm.name" in by_name["arch"].axis.keys
+    assert by_name["arch"].contexts == ["norm.placement=post", "norm.placement=pre"]
+    assert by_name["norm.placement"].contexts == ["arch=llama", "arch=original"]
+
+
+def test_by_and_baseline_accept_the_group_name(tmp_path):
+    rs = load_runs([arch_sweep(tmp_path, ("original", "llama"))])
+    by_group = compare_runs(rs, by=["arch"], baseline="arch=llama").comparisons[0]
+    by_key = compare_runs(rs, by=["choices.arch"], baseline="choices.arch=llama").comparisons[0]
+    for comp in (by_group, by_key):
+        assert comp.axis.label == "arch" and comp.axis.name == "choices.arch" and comp.baseline == "llama"
+    pd.testing.assert_frame_equal(by_group.table, by_key.table)
+    by_norm = compare_runs(rs, by=["norm.name"]).comparisons[0]  # a key arch sets is still a valid --by
+    assert by_norm.axis.name == "norm.name" and by_norm.arms == ["layernorm", "rmsnorm"]
+    with pytest.raises(L.AnalysisError, match=r"--by archh: unknown config key; keys that vary: arch, "):
+        compare_runs(rs, by=["archh"])
+    with pytest.raises(L.AnalysisError, match=r"--by variant: does not vary \(every run has null\)"):
+        compare_runs(rs, by=["variant"])
+    with pytest.raises(L.AnalysisError, match=r"--baseline arch=gpt2: no run has that value; values of arch: "):
+        compare_runs(rs, by=["arch"], baseline="arch=gpt2")
+
+
+def test_variant_bundles_are_one_axis_with_the_keys_they_set(tmp_path):
+    """The attention study's list of arms (variant=base,qk_norm,softcap): one axis named variant, compared
+    within each attention option, instead of one section per key a variant happens to set."""
+    root = tmp_path / "runs"
+    for job, (attention, variant, seed) in enumerate(
+        (a, v, s) for a in ("mha", "gqa") for v in ("base", "qk_norm", "softcap") for s in range(2)
+    ):
+        final = 3.0 + 0.1 * seed + (0.05 if variant == "base" else 0.0)
+        rows = [{M.STEP: 0, M.VAL_LOSS: 5.5}, {M.STEP: STEPS, M.VAL_LOSS: final}]
+        cfg = composed_record([f"attention={attention}", f"variant={variant}"], seed)
+        write(root / str(job), cfg, rows, summary("pre", 1e-3, seed, final, M.STATUS_COMPLETED, STEPS))
+    cs = compare_runs(load_runs([root]))
+    assert [c.axis.label for c in cs.comparisons] == ["attention.name", "variant"]
+    variant = cs.comparisons[1]
+    assert {"attention.qk_norm", "attention.softcap"} <= set(variant.axis.keys)
+    assert variant.baseline == "base" and variant.contexts == ["attention.name=gqa", "attention.name=mha"]
+    rows = variant.table.set_index(["context", "arm"])
+    assert rows.loc[("attention.name=mha", "qk_norm"), "delta_final_val_loss"] == pytest.approx(-0.05)
+
+
+def test_bundle_groups_are_the_global_package_groups():
+    """The groups whose choice names an axis are the bundles of other groups' keys, not the axis groups."""
+    from analysis.compare import bundle_groups
+
+    assert {"arch", "experiment", "variant", "debug"} <= bundle_groups()
+    assert not {"model", "norm", "position", "activation", "attention", "optim", "data", "tracking"} & bundle_groups()
+
+
+def test_a_key_an_older_run_lacks_reads_as_the_schema_default():
+    """Runs recorded before the schema gained model.parametrization and ladder.* compare with newer runs at the
+    defaults as one arm (they split into "(missing)" and "sp" arms before); an unknown key stays missing."""
+    from analysis.load import MISSING_VALUE, _fill_missing_keys
+
+    configs = {
+        "old": {"norm.name": "layernorm"},
+        "new": {"norm.name": "layernorm", "model.parametrization": "sp", "ladder.name": None, "extra.key": 1,
+                "choices.ladder": None},
+    }  # fmt: skip
+    _fill_missing_keys(configs)
+    assert configs["old"]["model.parametrization"] == "sp" and configs["old"]["ladder.name"] is None
+    assert configs["old"]["choices.ladder"] is None
+    assert configs["old"]["extra.key"] == MISSING_VALUE
+
+
+def test_keys_an_option_sets_in_its_own_group_belong_to_that_option():
+    """optim=adafactor sets optim.eps and optim=sgd optim.momentum: one optim.name axis with those keys, not
+    confounded axes of their own; optim.lr, crossed with the optimizer, stays an axis."""
+    import pandas as pd
+
+    from analysis.compare import find_axes
+    from analysis.load import RunSet
+
+    opts = {"adamw": (1e-8, 0.0), "adafactor": (1e-30, 0.0), "sgd": (1e-8, 0.9)}
+    configs = {
+        f"{name}-{lr}": {"optim.name": name, "optim.eps": eps, "optim.momentum": mom, "optim.lr": lr, "seed": 0}
+        for name, (eps, mom) in opts.items()
+        for lr in (1e-3, 1e-2)
+    }
+    axes, *_ = find_axes(RunSet(pd.DataFrame(index=list(configs)), {}, configs))
+    assert {a.name: set(a.keys) for a in axes} == {
+        "optim.name": {"optim.name", "optim.eps", "optim.momentum"},
+        "optim.lr": {"optim.lr"},
+    }
+    # a key of another group that happens to follow the optimizer is still its own axis
+    for cfg in configs.values():
+        cfg["norm.eps"] = 1e-5 if cfg["optim.name"] == "sgd" else 1e-6
+    axes, *_ = find_axes(RunSet(pd.DataFrame(index=list(configs)), {}, configs))
+    assert {"optim.name", "optim.lr"} <= {a.name for a in axes} and not any(
+        "norm.eps" in a.keys and a.name == "optim.name" for a in axes
+    )

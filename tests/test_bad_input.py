@@ -76,12 +76,15 @@ class Case:
     tool: str  # train | report | study | cost
     args: tuple[str, ...]  # {cache} {ckpt} {files} {runs} {out} {finished_copy} are filled in
     expect: tuple[str, ...]  # substrings of the last stderr line
+    no_slurm: bool = False  # run with a PATH holding only Python's folder: no sbatch or srun, as off a cluster
 
 
-def case(id: str, tool: str, args: str | tuple[str, ...], *expect: str, xfail: str | None = None):
+def case(
+    id: str, tool: str, args: str | tuple[str, ...], *expect: str, xfail: str | None = None, no_slurm: bool = False
+):
     args = tuple(args.split()) if isinstance(args, str) else args
     marks = [pytest.mark.xfail(strict=True, reason=xfail)] if xfail else []
-    return pytest.param(Case(tool, args, expect), id=id, marks=marks)
+    return pytest.param(Case(tool, args, expect, no_slurm), id=id, marks=marks)
 
 
 CASES = [
@@ -213,19 +216,39 @@ CASES = [
         "resume_into_run_dir_of_other_config",
         "train",
         "hydra.run.dir={finished_copy} model.d_model=64",
-        "checkpoint is of another config",
-        "model.d_model: 32 -> 64",
+        "holds a finished run",
+        "of another config (model.d_model: 32 -> 64",
+    ),
+    case(
+        "run_dir_not_creatable",
+        "train",
+        "hydra.run.dir=/proc/forbidden/run",
+        "hydra.run.dir='/proc/forbidden' is invalid: cannot create the run folder",
+        "allowed: a writable folder",
     ),
     case(
         "restart_over_finished_run",
         "train",
-        "hydra.run.dir={finished_copy} train.resume=never",
+        "hydra.run.dir={finished_copy} train.resume=never model.n_layers=3",
         "hydra.run.dir=",
-        "already holds a finished run",
+        "holds a finished run",
         "use a new run directory",
     ),
     # --- analysis, study, cost
     case("report_empty_dir", "report", "{out}/empty --out {out}/report", "no runs found under", "empty"),
+    case(
+        "report_out_not_creatable",
+        "report",
+        "{runs} --out /proc/forbidden",
+        "--out /proc/forbidden: cannot create or write into this folder",
+        "allowed: a writable folder",
+    ),
+    case(
+        "report_out_under_a_file",
+        "report",
+        "{runs} --out {files}/empty.txt/report",
+        "empty.txt/report: cannot create or write into this folder (Not a directory: ",
+    ),
     case(
         "report_unknown_by",
         "report",
@@ -250,6 +273,63 @@ CASES = [
         "model.n_heads=3",
         "must divide model.d_model",
     ),
+    case(
+        "default_study_with_overrides_only",  # the default study (norm_2x2, 12 arms) took the overrides
+        "study",
+        "debug=smoke data.cache_dir={cache} --out {out}/sweep model.n_heads=3",
+        "12 of 12 arms (norm=layernorm norm.placement=pre seed=0, ...",
+        "model.n_heads=3 is invalid",
+    ),
+    case(
+        "study_out_not_creatable",
+        "study",
+        "parallel_vs_serial --out /proc/forbidden",
+        "--out='/proc/forbidden' is invalid: cannot create or write into this folder",
+    ),
+    case(
+        "study_sweep_dir_not_creatable",
+        "study",
+        "parallel_vs_serial hydra.sweep.dir={files}/empty.txt/sweep",
+        "hydra.sweep.dir=",
+        "cannot create or write into this folder (Not a directory: ",
+    ),
+    case(
+        "study_sweep_dir_interpolated",
+        "study",
+        ("parallel_vs_serial", "hydra.sweep.dir={out}/${{now:%H}}"),
+        "hydra.sweep.dir=",
+        "must be one plain path",
+        "--out",
+    ),
+    case(
+        "study_out_and_sweep_dir_differ",
+        "study",
+        "parallel_vs_serial --out {out}/a hydra.sweep.dir={out}/b",
+        "hydra.sweep.dir=",
+        "--out names another folder",
+    ),
+    case(
+        "study_slurm_off_cluster",
+        "study",
+        "parallel_vs_serial --launcher slurm --out {out}/sweep",
+        "--launcher='slurm' is invalid: no sbatch or srun on PATH",
+        "allowed here: basic, joblib",
+        no_slurm=True,
+    ),
+    case(
+        "multirun_slurm_off_cluster",
+        "train",
+        "--multirun seed=0,1 hydra/launcher=slurm hydra.sweep.dir={out}/sweep",
+        "hydra/launcher='slurm' is invalid: no sbatch or srun on PATH",
+        "allowed here: basic (the default), joblib, local_parallel",
+        no_slurm=True,
+    ),
+    case(
+        "multirun_sweep_dir_not_creatable",
+        "train",
+        "--multirun seed=0,1 hydra.sweep.dir=/proc/forbidden",
+        "hydra.sweep.dir='/proc/forbidden' is invalid: cannot create or write into this folder",
+    ),
     case("cost_unknown_group_option", "cost", "norm=rmsnrom", "norm='rmsnrom'", "allowed: layernorm, none, rmsnorm"),
 ]
 
@@ -268,7 +348,8 @@ def command(c: Case, inputs: Inputs, tmp_path: Path) -> list[str]:
         base = ["debug=smoke", f"hydra.run.dir={tmp_path / 'run'}"]
         if not any(a.startswith("data.cache_dir=") for a in args):
             base.append(f"data.cache_dir={inputs.cache}")
-        return [sys.executable, "-m", "lm_ablate.train", *base, *args]
+        flags = [a for a in args if a.startswith("--")]  # Hydra's flags come before the overrides
+        return [sys.executable, "-m", "lm_ablate.train", *flags, *base, *(a for a in args if a not in flags)]
     module = {"report": "analysis.report", "study": "lm_ablate.study", "cost": "lm_ablate.cost"}[c.tool]
     return [sys.executable, "-m", module, *args]
 
@@ -309,7 +390,8 @@ def test_bad_input_fails_with_one_clear_line(c: Case, inputs: Inputs, tmp_path: 
     if any("{finished_copy}" in a for a in c.args):
         shutil.copytree(inputs.finished, tmp_path / "finished")
     before = snapshot(tmp_path)
-    out = run_cli(command(c, inputs, tmp_path))
+    paths_before = set(tmp_path.rglob("*"))
+    out = run_cli(command(c, inputs, tmp_path), env={"PATH": str(Path(sys.executable).parent)} if c.no_slurm else None)
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert out.returncode != 0, f"exit 0; stdout: {out.stdout[-1000:]}"
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
@@ -319,6 +401,8 @@ def test_bad_input_fails_with_one_clear_line(c: Case, inputs: Inputs, tmp_path: 
     missing = [s for s in c.expect if s not in last]
     assert not missing, f"{missing} not in the last stderr line: {last!r}"
     assert_nothing_finished(tmp_path, before)
+    if c.tool in ("report", "study") or "--multirun" in c.args:  # refused before creating anything at all
+        assert set(tmp_path.rglob("*")) == paths_before, sorted(set(tmp_path.rglob("*")) - paths_before)
 
 
 # ------------------------------------------------------------- damaged or mixed records: the report still builds
@@ -415,7 +499,7 @@ def test_refused_resume_leaves_hydra_copy_alone(inputs: Inputs, tmp_path: Path) 
             "model.d_model=64",
         ]
     )
-    assert out.returncode == 2 and "checkpoint is of another config" in out.stderr
+    assert out.returncode == 2 and "of another config" in out.stderr
     assert {p.name: p.read_bytes() for p in hydra_dir.iterdir()} == before
 
 
@@ -452,20 +536,30 @@ SWEEP_CASES = [
         "model.n_heads=3",
         ("model.n_heads=3 is invalid",),
         id="slurm_launcher",
-    ),  # refused before anything is submitted
+    ),  # on a cluster (sbatch and srun on PATH, stand-ins here that fail if called): refused before submitting
 ]
 
 
-def multirun(inputs: Inputs, tmp_path: Path, *overrides: str):
+def multirun(inputs: Inputs, tmp_path: Path, *overrides: str, env: dict | None = None):
     """``python -m lm_ablate.train --multirun`` on the smoke config, sweep directory ``tmp_path/sweep``."""
     return run_cli([sys.executable, "-m", "lm_ablate.train", "--multirun", "debug=smoke", "tracking=none",
                     "train.max_steps=2", f"data.cache_dir={inputs.cache}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-                    *overrides])  # fmt: skip
+                    *overrides], env=env)  # fmt: skip
+
+
+def fake_slurm(folder: Path) -> dict:
+    """An environment whose PATH has ``sbatch`` and ``srun`` (stand-ins that fail), as on a SLURM login node."""
+    folder.mkdir()
+    for name in ("sbatch", "srun"):
+        (folder / name).write_text("#!/bin/sh\necho called >&2\nexit 1\n")
+        (folder / name).chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 @pytest.mark.parametrize("sweep, arm, expect", SWEEP_CASES)
 def test_multirun_with_a_bad_arm_runs_nothing(sweep, arm, expect, inputs: Inputs, tmp_path: Path) -> None:
-    out = multirun(inputs, tmp_path, *sweep)
+    env = fake_slurm(tmp_path / "bin") if "hydra/launcher=slurm" in sweep else None
+    out = multirun(inputs, tmp_path, *sweep, env=env)
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     lines = [line for line in out.stderr.splitlines() if line.strip()]
@@ -578,3 +672,12 @@ def test_sweep_check_composes_each_arm_as_hydra_does(study: str, extra: tuple[st
         assert ": model.foo=1 is invalid: unknown key; keys of model" in errors[0]
     else:
         assert errors == []
+
+
+@pytest.mark.parametrize("module", ["lm_ablate.study", "lm_ablate.cost", "analysis.report", "analysis.wandb_dashboard"])
+def test_help_is_printed_as_written(module: str) -> None:
+    """``--help`` prints the usage and exits 0 (lm_ablate.cost once took it for a Hydra override), with no
+    argparse escaping left in it (analysis.report showed "95%%")."""
+    out = run_cli([sys.executable, "-m", module, "--help"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith(f"usage: python -m {module}") and "%%" not in out.stdout and not out.stderr

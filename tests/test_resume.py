@@ -4,6 +4,7 @@ same curve, bit for bit on CPU, with every step recorded exactly once."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -44,7 +45,7 @@ def command(run_dir: Path, cache_dir: str, *extra: str) -> list[str]:
 def rows(run_dir: Path) -> list[dict]:
     out = []
     for line in (run_dir / M.METRICS_FILE).read_text().splitlines():
-        row = json.loads(line)
+        row = M.from_json(json.loads(line))
         out.append({k: v for k, v in row.items() if k not in TIMING})
     return out
 
@@ -75,25 +76,95 @@ def reference(tmp_path_factory, cache_dir) -> list[dict]:
     return rows(run_dir)
 
 
+def newest_checkpoint_step(run_dir: Path) -> int | None:
+    """The step a resume must start from: the newest complete checkpoint on disk (None: there is none)."""
+    found = list_checkpoints(run_dir)
+    return int(found[-1].stem.split("_")[1]) if found else None
+
+
+def kill_9_then_resume(run_dir: Path, cache_dir: str, kill_after_rows: int, *extra: str) -> tuple[int, int | None]:
+    """Start a run, SIGKILL it once ``kill_after_rows`` rows are logged, run the same command again. Returns the
+    last step logged before the kill and the step of the newest checkpoint on disk at that moment."""
+    proc = start(run_dir, cache_dir, *extra)
+    wait_for_rows(proc, run_dir, kill_after_rows)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = rows(run_dir)[-1][M.STEP]
+    newest = newest_checkpoint_step(run_dir)
+    assert newest is None or 0 < newest <= killed_at
+    out = subprocess.run(command(run_dir, cache_dir, *extra), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return killed_at, newest
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_after_rows", [3, 37, 118, 230])
 def test_kill_9_then_resume_is_bit_identical(tmp_path, cache_dir, reference, kill_after_rows):
     run_dir = tmp_path / "run"
-    proc = start(run_dir, cache_dir)
-    wait_for_rows(proc, run_dir, kill_after_rows)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = len(rows(run_dir)) - 1
+    killed_at, newest = kill_9_then_resume(run_dir, cache_dir, kill_after_rows)
     assert 0 < killed_at < STEPS
-    out = subprocess.run(command(run_dir, cache_dir), cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
     resumed = rows(run_dir)
     assert [r[M.STEP] for r in resumed] == list(range(STEPS + 1))  # every step once, none missing
     assert resumed == reference  # losses, grad norms, spikes, val losses: identical floats
     summary = json.loads((run_dir / M.SUMMARY_FILE).read_text())
     assert summary[M.STATUS] == M.STATUS_COMPLETED and summary[M.STEPS] == STEPS
-    assert summary[M.RESUMED_FROM] == ([] if killed_at < 25 else [summary[M.RESUMED_FROM][0]])
+    # resumed from the newest checkpoint on disk at the kill (written every 25 steps), or started over without one
+    on_schedule = {killed_at // 25 * 25 or None}
+    if killed_at % 25 == 0:  # killed between logging the step and writing its checkpoint
+        on_schedule.add(killed_at - 25 or None)
+    assert newest in on_schedule
+    assert summary[M.RESUMED_FROM] == ([] if newest is None else [newest])
     assert len(list_checkpoints(run_dir)) == 1
+
+
+def _spike_flags(values: list[float], window: int, k: float) -> list[bool]:
+    """The detector's rule written out: x_t > mean + k * std (population std) of the previous ``window``
+    values, only once the window is full; every value enters the window."""
+    flags = []
+    for t, x in enumerate(values):
+        prev = values[max(0, t - window) : t]
+        if len(prev) < window:
+            flags.append(False)
+            continue
+        mean = sum(prev) / window
+        std = math.sqrt(sum((v - mean) ** 2 for v in prev) / window)
+        flags.append(x > mean + k * std)
+    return flags
+
+
+SPIKY = ("train.max_steps=80", "train.spike.window=5", "train.spike.k=0.5")  # spikes in both signals by step 50
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_restores_the_spike_detectors(tmp_path, cache_dir):
+    """A run whose detectors have counted loss and grad-norm spikes (and hold a full window) before the kill:
+    the resumed run flags the same steps and keeps counting from the same totals."""
+    ref_dir = tmp_path / "reference"
+    out = subprocess.run(command(ref_dir, cache_dir, *SPIKY), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    reference = rows(ref_dir)
+    train_rows = reference[1:]  # row 0 is the evaluation at initialization
+    assert [r[M.STEP] for r in train_rows] == list(range(1, 81))
+    # the flags follow the written-out rule (so a detector with another std or threshold fails here)
+    for value, flag in ((M.TRAIN_LOSS, M.SPIKE_LOSS), (M.GRAD_NORM, M.SPIKE_GRAD_NORM)):
+        expected = _spike_flags([r[value] for r in train_rows], window=5, k=0.5)
+        assert [bool(r[flag]) for r in train_rows] == expected, flag
+
+    run_dir = tmp_path / "run"
+    killed_at, newest = kill_9_then_resume(run_dir, cache_dir, 66, *SPIKY)
+    assert newest in (50, 75) and killed_at >= newest
+    at_checkpoint = reference[newest]
+    assert at_checkpoint[M.SPIKE_LOSS_COUNT] > 0 and at_checkpoint[M.SPIKE_GRAD_NORM_COUNT] > 0
+    after = [r for r in reference if r[M.STEP] > newest]
+    assert any(r[M.SPIKE_LOSS] or r[M.SPIKE_GRAD_NORM] for r in after)  # flags after the resume are compared too
+    resumed = rows(run_dir)
+    keys = (M.SPIKE_LOSS, M.SPIKE_LOSS_COUNT, M.SPIKE_GRAD_NORM, M.SPIKE_GRAD_NORM_COUNT)
+    assert [[r.get(k) for k in keys] for r in resumed] == [[r.get(k) for k in keys] for r in reference]
+    assert resumed == reference
+    summary = json.loads((run_dir / M.SUMMARY_FILE).read_text())
+    assert summary[M.RESUMED_FROM] == [newest]
+    assert summary[M.LOSS_SPIKES] == reference[-1][M.SPIKE_LOSS_COUNT]
+    assert summary[M.GRAD_NORM_SPIKES] == reference[-1][M.SPIKE_GRAD_NORM_COUNT]
 
 
 @pytest.mark.slow
@@ -121,41 +192,129 @@ def _run(run_dir: Path, cache_dir: str, *extra: str) -> subprocess.CompletedProc
     )
 
 
-def test_resume_guards(tmp_path, cache_dir):
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    """Every file of a run directory, byte for byte (what "changes nothing" is checked against)."""
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def one_error_line(out: subprocess.CompletedProcess) -> str:
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0].startswith("lm-ablate: error: ")
+    return lines[0]
+
+
+def set_status(run_dir: Path, status: str) -> None:
+    summary = json.loads((run_dir / M.SUMMARY_FILE).read_text())
+    (run_dir / M.SUMMARY_FILE).write_text(json.dumps({**summary, M.STATUS: status}))
+
+
+@pytest.mark.parametrize(
+    "budget", ["train.max_steps=30", "train.max_tokens=7000", "train.max_time_s=0.05"], ids=["steps", "tokens", "time"]
+)
+def test_a_finished_run_is_never_changed(tmp_path, cache_dir, budget):
+    """The same command again (a re-launched sweep, a SLURM requeue after the job finished) reports the run as
+    recorded and changes nothing; another config, or another budget, is refused in one line."""
+    run_dir = tmp_path / "run"
+    first = _run(run_dir, cache_dir, "train.max_steps=400", budget)  # the budget's key wins over max_steps=30
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = snapshot(run_dir)
+    summary = json.loads(before[M.SUMMARY_FILE])
+    assert summary[M.STATUS] == M.STATUS_COMPLETED and summary[M.STOP_REASON] == budget.split("=")[0][len("train.") :]
+    again = _run(run_dir, cache_dir, "train.max_steps=400", budget)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "recorded earlier, unchanged" in again.stdout
+    assert snapshot(run_dir) == before
+    other = one_error_line(_run(run_dir, cache_dir, "train.max_steps=400", budget, "model.d_model=48"))
+    assert "hydra.run.dir=" in other and "finished run" in other and "model.d_model: 32 -> 48" in other
+    key, value = budget.split("=")
+    longer = one_error_line(_run(run_dir, cache_dir, "train.max_steps=400", f"{key}={float(value) * 2:g}"))
+    assert f"{key}: " in longer
+    assert snapshot(run_dir) == before
+
+
+def test_killed_after_the_last_checkpoint_finishes_without_training(tmp_path, cache_dir):
+    """Killed between the final checkpoint and the final summary: the restart records the end, trains nothing."""
     run_dir = tmp_path / "run"
     assert _run(run_dir, cache_dir).returncode == 0
-    before = (run_dir / M.METRICS_FILE).read_text()
+    done = rows(run_dir)
+    set_status(run_dir, M.STATUS_RUNNING)
+    out = _run(run_dir, cache_dir)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert rows(run_dir) == done  # no step 31, nothing logged twice
+    summary = json.loads((run_dir / M.SUMMARY_FILE).read_text())
+    assert summary[M.STATUS] == M.STATUS_COMPLETED and summary[M.STEPS] == 30
+
+
+def preempted_at_20(run_dir: Path, cache_dir: str) -> list[dict]:
+    """A 30-step run made to look preempted after step 20: checkpoints at 10 and 20 only, status preempted.
+    Returns the uninterrupted run's rows."""
+    assert _run(run_dir, cache_dir, "train.checkpoint_every=10", "train.keep_checkpoints=3").returncode == 0
+    done = rows(run_dir)
+    list_checkpoints(run_dir)[-1].unlink()
+    set_status(run_dir, M.STATUS_PREEMPTED)
+    return done
+
+
+def test_resume_guards(tmp_path, cache_dir):
+    run_dir = tmp_path / "run"
+    done = preempted_at_20(run_dir, cache_dir)
+    before = snapshot(run_dir)
+    keep = ("train.checkpoint_every=10", "train.keep_checkpoints=3")
     # another config into the same run directory
-    other = _run(run_dir, cache_dir, "model.d_model=48")
-    assert other.returncode == 2
-    assert (
-        other.stderr.strip().startswith("lm-ablate: error: train.resume=") and "model.d_model: 32 -> 48" in other.stderr
-    )
-    assert len(other.stderr.strip().splitlines()) == 1
-    # a run directory with a record but no checkpoint
-    for ckpt in list_checkpoints(run_dir):
-        ckpt.rename(ckpt.with_suffix(".bak"))
-    fresh = _run(run_dir, cache_dir)
-    assert fresh.returncode == 2 and "already holds a finished run" in fresh.stderr
+    other = one_error_line(_run(run_dir, cache_dir, *keep, "model.d_model=48"))
+    assert "train.resume=" in other and "model.d_model: 32 -> 48" in other
+    # another horizon: the LR schedule would be two schedules spliced together (issue: 2.65e-3 -> 1.19e-3)
+    spliced = one_error_line(_run(run_dir, cache_dir, *keep, "train.max_steps=60"))
+    assert "train.resume=" in spliced and "train.max_steps: 30 -> 60" in spliced
     # a truncated checkpoint
-    for bak in (run_dir / "checkpoints").glob("*.bak"):
-        data = bak.read_bytes()
-        bak.with_suffix(".pt").write_bytes(data[: len(data) // 2])
-    broken = _run(run_dir, cache_dir)
-    assert broken.returncode == 2 and "unreadable checkpoint" in broken.stderr
-    assert len(broken.stderr.strip().splitlines()) == 1
-    assert (run_dir / M.METRICS_FILE).read_text() == before  # nothing recorded was lost or changed
+    newest = list_checkpoints(run_dir)[-1]
+    data = newest.read_bytes()
+    newest.write_bytes(data[: len(data) // 2])
+    broken = one_error_line(_run(run_dir, cache_dir, *keep))
+    assert "unreadable checkpoint" in broken
+    newest.write_bytes(data)
+    assert snapshot(run_dir) == before  # nothing recorded was lost or changed
+    # the same config continues from step 20 to the very same curve
+    out = _run(run_dir, cache_dir, *keep)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert rows(run_dir) == done
+    assert json.loads((run_dir / M.SUMMARY_FILE).read_text())[M.RESUMED_FROM] == [20]
 
 
 def test_resume_from_explicit_checkpoint_into_a_new_dir(tmp_path, cache_dir):
     first = tmp_path / "first"
-    assert _run(first, cache_dir).returncode == 0
+    done = preempted_at_20(first, cache_dir)
     ckpt = list_checkpoints(first)[-1]
-    longer = _run(tmp_path / "second", cache_dir, "train.max_steps=40", f"train.resume={ckpt}")
-    assert longer.returncode == 0, longer.stderr[-2000:]
+    keep = ("train.checkpoint_every=10", "train.keep_checkpoints=3")
+    longer = one_error_line(_run(tmp_path / "longer", cache_dir, *keep, "train.max_steps=40", f"train.resume={ckpt}"))
+    assert "train.max_steps: 30 -> 40" in longer and not (tmp_path / "longer" / M.SUMMARY_FILE).exists()
+    second = _run(tmp_path / "second", cache_dir, *keep, f"train.resume={ckpt}")
+    assert second.returncode == 0, second.stderr[-2000:]
     summary = json.loads((tmp_path / "second" / M.SUMMARY_FILE).read_text())
-    assert summary[M.STEPS] == 40 and summary[M.RESUMED_FROM] == [30]
-    assert [r[M.STEP] for r in rows(tmp_path / "second")] == list(range(31, 41))
+    assert summary[M.STEPS] == 30 and summary[M.RESUMED_FROM] == [20]
+    assert rows(tmp_path / "second") == done[21:]  # steps 21..30, the same floats
+
+
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_then_resumes(tmp_path, cache_dir, reference):
+    """Ctrl-C is not a failure: one line, a checkpoint at the step it stopped, status interrupted, exit 130;
+    the same command continues to the uninterrupted curve."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, cache_dir)
+    wait_for_rows(proc, run_dir, 60)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert len(err.strip().splitlines()) == 1 and "interrupted at step" in err and "Traceback" not in err
+    summary = json.loads((run_dir / M.SUMMARY_FILE).read_text())
+    assert summary[M.STATUS] == M.STATUS_INTERRUPTED and summary[M.ERROR] is None
+    stopped = summary[M.STEPS]
+    assert int(list_checkpoints(run_dir)[-1].stem.split("_")[1]) == stopped
+    out = subprocess.run(command(run_dir, cache_dir), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert rows(run_dir) == reference
+    assert json.loads((run_dir / M.SUMMARY_FILE).read_text())[M.RESUMED_FROM] == [stopped]
 
 
 def test_checkpoints_load_weights_only(tmp_path, cache_dir):

@@ -25,7 +25,15 @@ REQUIRED = {
     "regularization",
     "lr_sensitivity",
     "parallel_vs_serial",
+    "prepost_map",
+    "optimizer",
+    "lr_transfer",
+    "ladder_activation",
+    "ladder_arch",
 }
+# the issues ask >= 3 seeds per point, except the two maps over a grid: lr_transfer (widths x LRs x sp/mup) and
+# prepost_map (depth x LR x pre/post), >= 2
+MIN_SEEDS = {"lr_transfer": 2, "prepost_map": 2}
 
 
 def params(study: str) -> dict[str, list[str]]:
@@ -40,7 +48,7 @@ def test_all_studies_exist():
 @pytest.mark.parametrize("study", sorted(REQUIRED))
 def test_study_has_three_seeds_and_its_own_experiment(study):
     p = params(study)
-    assert len(p["seed"]) >= 3
+    assert len(p["seed"]) >= MIN_SEEDS.get(study, 3)
     experiment = yaml.safe_load((ROOT / "conf" / "experiment" / f"{study}.yaml").read_text())
     assert experiment["study"] == study
 
@@ -62,6 +70,32 @@ def test_every_arm_builds(study):
             assert cfg.study == study
             model = TransformerLM(cfg, 64)
             assert sum(p.numel() for p in model.parameters()) > 0
+
+
+# studies whose claims are still to be written (issue 14 gives their schema; remove a study once it has them)
+@pytest.mark.parametrize("study", sorted(REQUIRED))
+def test_claims_parse_and_refer_to_arms_of_the_study(study):
+    """Every shipped study states its claims (lm_ablate/claim_spec.py), and each names a key the sweep varies and
+    values its arms have: the check the sweep runs before any job starts, here on the study's own arms."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from lm_ablate.claim_spec import parse_claims
+    from lm_ablate.config import CONF_DIR
+    from lm_ablate.study import SWEEPS_DIR
+    from lm_ablate.sweep_check import ArmChecker, claim_errors, sweep_arms
+
+    overrides = [f"hydra.searchpath=[file://{CONF_DIR}]", "hydra.sweep.dir=/nonexistent"]
+    with initialize_config_dir(str(SWEEPS_DIR), version_base="1.3"):
+        master = GlobalHydra.instance().hydra.compose_config(study, overrides, run_mode=RunMode.MULTIRUN)
+        claims = parse_claims(OmegaConf.to_container(master.claims))
+        assert claims and all(c.source and c.statement for c in claims)
+        checker, arms = ArmChecker(master), sweep_arms(master)
+        assert [checker.error(arm) for arm in arms] == [None] * len(arms)
+        assert claim_errors(master, checker) == []
+        assert len(checker.claim_arms) == 1  # every arm carries the same claims
 
 
 @pytest.mark.parametrize("study", ["norm_2x2", "attention"])
@@ -86,3 +120,61 @@ def test_sweep_file_composes_through_the_cli(study):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"study: {study}" in out.stdout
+
+
+@pytest.mark.parametrize("where", ["hydra.sweep.dir=pvs", "--out=pvs"])
+def test_study_reports_on_the_folder_its_runs_went_to(where, tmp_path, cache_dir):
+    """A Hydra user's habit, ``hydra.sweep.dir=DIR``, is the study's ``--out DIR``: the runs go there and the
+    report is built from them (it once looked in multirun/<study>/<time> and found nothing). Relative to the
+    directory the command runs in, as Hydra takes it."""
+    tiny = ["model=tiny", "train.max_steps=2", "train.eval_every=1", "train.eval_batches=1", "train.threads=1"]
+    out = subprocess.run(
+        [sys.executable, "-m", "lm_ablate.study", "parallel_vs_serial", where, "seed=0", "tracking=none",
+         f"data.cache_dir={cache_dir}", *tiny],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    folder = tmp_path / "pvs"
+    assert out.stdout.strip().splitlines()[-1] == str(folder / "report" / "report.html")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pvs"]  # no multirun/parallel_vs_serial/<time>
+    assert all((folder / job / "summary.json").is_file() for job in ("0", "1"))
+    report = (folder / "report" / "report.md").read_text()
+    assert "Runs: 2 (2 completed)" in report and "## 1. model.block: parallel vs serial" in report
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_study_in_two_lines_and_the_same_command_continues(tmp_path, cache_dir):
+    """Ctrl-C reaches the whole foreground process group: the running job checkpoints and says where it stopped,
+    the study says how to continue; no traceback (it printed 88 lines of two). Then the printed command finishes
+    the sweep: the finished job is kept as recorded, the interrupted one resumes."""
+    import json
+    import os
+    import signal
+    import time
+
+    tiny = ["model=tiny", "train.max_steps=300", "train.eval_every=100", "train.eval_batches=1", "train.threads=1",
+            "train.progress=false"]  # fmt: skip
+    cmd = [sys.executable, "-m", "lm_ablate.study", "parallel_vs_serial", "seed=0", "tracking=none",
+           f"data.cache_dir={cache_dir}", "train.checkpoint_every=1000", "--out", str(tmp_path / "pvs"), *tiny]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    second = tmp_path / "pvs" / "1" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not (second.exists() and second.read_text().count("\n") > 20) and time.time() < deadline:
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and len(lines) == 2, err[-2000:]
+    assert lines[0].startswith("lm-ablate: interrupted at step") and lines[1].startswith("lm-ablate: interrupted after")
+    assert lines[1].endswith(" ".join([*cmd[3:4], "--out", str(tmp_path / "pvs"), *cmd[4:8], *cmd[10:]]))
+    first_done = (tmp_path / "pvs" / "0" / "summary.json").read_bytes()
+    summary = json.loads((tmp_path / "pvs" / "1" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and (tmp_path / "pvs" / "1" / "checkpoints").is_dir()
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (tmp_path / "pvs" / "0" / "summary.json").read_bytes() == first_done
+    resumed = json.loads((tmp_path / "pvs" / "1" / "summary.json").read_text())
+    assert resumed["status"] == "completed" and resumed["resumed_from_step"] == [summary["steps"]]

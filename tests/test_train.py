@@ -21,7 +21,7 @@ TINY = ["debug=smoke", "train.eval_every=20"]
 
 
 def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (Path(run_dir) / M.METRICS_FILE).read_text().splitlines()]
+    return [M.from_json(json.loads(line)) for line in (Path(run_dir) / M.METRICS_FILE).read_text().splitlines()]
 
 
 def curve(run_dir: Path, key: str) -> list[float]:
@@ -106,6 +106,25 @@ def test_absurd_lr_ends_diverged(tmp_path, cache_dir):
     assert summary[M.DIVERGED_AT] == summary[M.STEPS] < 20
     last = rows(tmp_path / "run")[-1]
     assert not (np.isfinite(last[M.TRAIN_LOSS]) and np.isfinite(last[M.GRAD_NORM]))
+
+    # the record stays strict JSON: the non-finite values are the documented strings, not bare NaN/Infinity
+    def strict(constant: str) -> None:
+        raise AssertionError(f"bare {constant} in a run record")
+
+    raw = [
+        json.loads(line, parse_constant=strict) for line in (tmp_path / "run" / M.METRICS_FILE).read_text().splitlines()
+    ]
+    assert {raw[-1][M.TRAIN_LOSS], raw[-1][M.GRAD_NORM]} & set(M.NONFINITE)
+    json.loads((tmp_path / "run" / M.SUMMARY_FILE).read_text(), parse_constant=strict)
+    # and the analysis reads them back as the non-finite floats they stand for
+    from analysis.load import NONFINITE_STEP, load_runs
+
+    rs = load_runs([tmp_path / "run"])
+    (run_id,) = rs.history
+    assert rs.history[run_id].attrs[NONFINITE_STEP] == summary[M.DIVERGED_AT]
+    assert not np.isfinite(rs.history[run_id][M.GRAD_NORM].iloc[-1]) or not np.isfinite(
+        rs.history[run_id][M.TRAIN_LOSS].iloc[-1]
+    )
 
 
 def test_grad_norm_is_logged_before_clipping(tmp_path, cache_dir):

@@ -8,7 +8,7 @@
 
   norm   ``qk_norm``: none | per_head (RMSNorm over head_dim, Qwen 3) | whole (RMSNorm over the full q / k
          projection before the head split, OLMo 2); applied before RoPE, as both do
-  scale  ``scale``, default 1 / sqrt(head_dim)
+  scale  ``scale``, default 1 / sqrt(head_dim); 1 / head_dim under model.parametrization=mup
   cap    ``softcap`` c: c * tanh(s / c) (Gemma 2); none by default
   bias   the position scheme's ``score_bias`` (alibi, t5), added after the cap
   mask   0 where query i may see key j, -inf elsewhere: j <= i, and i - window < j on local layers
@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from lm_ablate.components.norm import RMSNorm
 from lm_ablate.components.position import PositionScheme, relative_distance
 from lm_ablate.config import AttentionConfig, ModelConfig, head_dim
+from lm_ablate.parametrization import parametrization
 from lm_ablate.registry import ATTENTIONS, Registry
 
 QK_NORMS: Registry = Registry("attention.qk_norm")  # (width, head_dim, eps) -> module on [B, T, width]
@@ -71,6 +72,7 @@ def layer_window(cfg: AttentionConfig, layer: int) -> int | None:
 class CausalSelfAttention(nn.Module):
     force_explicit = False  # tests: run the written-out path even without a cap, to compare it with SDPA
     qk_observer = None  # set by probes.observed: called with (q, k) of every forward while set
+    max_logit_scores = 2**24  # max_logit computes at most this many scores at a time
 
     def __init__(self, cfg: AttentionConfig, model: ModelConfig, dropout: float = 0.0, layer: int = 0):
         super().__init__()
@@ -78,7 +80,7 @@ class CausalSelfAttention(nn.Module):
         self.n_kv_heads = cfg.n_kv_heads or model.n_heads
         self.head_dim = head_dim(model)
         self.dropout = dropout
-        self.scale = cfg.scale if cfg.scale is not None else self.head_dim**-0.5
+        self.scale = parametrization(model).attention_scale(cfg.scale, self.head_dim)  # sp: scale or hd^-1/2
         self.softcap = cfg.softcap
         self.window = layer_window(cfg, layer)
         q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
@@ -137,18 +139,28 @@ class CausalSelfAttention(nn.Module):
     def max_logit(self, q: Tensor, k: Tensor) -> Tensor:
         """Largest pre-softmax logit scale * q.k over the (query, key) pairs the mask lets through, before any
         softcap and position bias: the quantity whose growth QK-norm and softcapping are meant to stop
-        (Dehghani et al. 2023). For the stability probes (probes.py); training never calls it. In fp32, a
-        slice of the batch at a time (at most ~2^24 scores each), so long contexts do not run out of memory."""
+        (Dehghani et al. 2023). For the stability probes (probes.py); training never calls it. In fp32, at most
+        ~2^24 scores at a time: several sequences of the batch at once, or for long contexts a block of query rows
+        of one sequence against the keys up to its last row, so memory stays bounded at any context."""
         B, H, T, _ = q.shape
-        mask = self.mask(T, k.shape[-2], None, q.device, torch.float32)
-        k = k.detach().repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
-        step = max(1, 2**24 // (H * T * k.shape[-2]))
-        return torch.stack(
-            [
-                ((q[b : b + step].detach() @ k[b : b + step].transpose(-2, -1)).float() * self.scale + mask).amax()
+        q, k = q.detach(), k.detach().repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        budget = self.max_logit_scores
+        if budget >= H * T * T:  # whole sequences fit: slices of the batch
+            mask = self.mask(T, T, None, q.device, torch.float32)
+            step = budget // (H * T * T)
+            chunks = (
+                (q[b : b + step] @ k[b : b + step].transpose(-2, -1)).float() * self.scale + mask
                 for b in range(0, B, step)
-            ]
-        ).amax()
+            )
+        else:  # rows [i0, i1) of one sequence see keys [0, i1): the mask of the last i1 - i0 queries of i1 keys
+            rows = max(1, budget // (H * T))
+            chunks = (
+                (q[b : b + 1, :, i0 : i0 + rows] @ k[b : b + 1, :, : i0 + rows].transpose(-2, -1)).float() * self.scale
+                + self.mask(min(rows, T - i0), min(i0 + rows, T), None, q.device, torch.float32)
+                for b in range(B)
+                for i0 in range(0, T, rows)
+            )
+        return torch.stack([c.amax() for c in chunks]).amax()
 
     def forward(self, x: Tensor, position: PositionScheme) -> Tensor:
         B, T, _ = x.shape

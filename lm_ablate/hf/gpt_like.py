@@ -21,8 +21,9 @@ the computation, or is rejected below with a ValueError naming it):
   opt       -> arch=opt_postln  hidden_size, num_hidden_layers, num_attention_heads, max_position_embeddings,
                                 ffn_dim, activation_function, enable_bias, do_layer_norm_before (True:
                                 norm.placement=pre), _remove_final_layer_norm, tie_word_embeddings, dropout,
-                                attention_dropout. Rejected: word_embed_proj_dim != hidden_size (OPT-350m's
-                                project_in/out), layer_norm_elementwise_affine=False, layerdrop > 0.
+                                attention_dropout, word_embed_proj_dim (!= hidden_size: model.embed_dim, with
+                                OPT-350m's project_in/out). Rejected: layer_norm_elementwise_affine=False,
+                                layerdrop > 0.
   bloom     -> arch=bloom       hidden_size, n_layer, n_head, layer_norm_epsilon, tie_word_embeddings,
                                 hidden_dropout, attention_dropout. model.context = 2048 (BLOOM's training
                                 length; ALiBi has no position table). Rejected:
@@ -261,7 +262,6 @@ def gpt_neox(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
 def opt(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
     c = hf_model.config
     d = c.hidden_size
-    require(c, "word_embed_proj_dim", d, f"must equal hidden_size={d} (no project_in/project_out)")
     require(c, "layer_norm_elementwise_affine", True, "LayerNorms without gain and bias are not modelled")
     require(c, "layerdrop", 0.0, "layer dropout is not modelled")
     pre = bool(c.do_layer_norm_before)
@@ -271,6 +271,8 @@ def opt(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
     overrides += [f"norm.placement={'pre' if pre else 'post'}", f"norm.final_norm={final_norm}"]
     overrides += [f"attention.bias={bool(c.enable_bias)}", f"activation.bias={bool(c.enable_bias)}"]
     overrides += dropouts(0.0, c.attention_dropout, c.dropout)  # OPT's decoder drops no embedding
+    if c.word_embed_proj_dim != d:  # OPT-350m: 512-wide embeddings and head, project_in / project_out
+        overrides.append(f"model.embed_dim={c.word_embed_proj_dim}")
     model, cfg = build("opt_postln", overrides, c.vocab_size)
     t = hf_model.model.decoder
     table = t.embed_positions.weight[OPT_POSITION_OFFSET : OPT_POSITION_OFFSET + c.max_position_embeddings]
@@ -284,6 +286,8 @@ def opt(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
         w |= linear(p + "attn.out", a.out_proj) | linear(p + "ffn.down", h.fc2)
     if t.final_layer_norm is not None:
         w |= norm("final_norm", t.final_layer_norm)
+    if t.project_in is not None:  # x = project_in(E[idx]) + positions; logits = W project_out(final_norm(h))
+        w |= linear("project_in", t.project_in) | linear("project_out", t.project_out)
     return finish(model, cfg, w | head(hf_model))
 
 
