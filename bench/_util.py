@@ -38,6 +38,25 @@ def set_clock(name: str) -> None:
     clock = CLOCKS[name]
 
 
+def add_timing_args(p) -> None:
+    """--threads and --clock, the options every timing benchmark shares (apply them with apply_timing_args)."""
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's, one per core)")
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: this thread's CPU time (needs --threads 1): robust to other load on the machine",
+    )
+
+
+def apply_timing_args(a) -> None:
+    import torch
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    set_clock(a.clock)
+
+
 def now() -> float:
     return clock()
 

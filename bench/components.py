@@ -31,7 +31,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from _util import header, interleave, load_summary, loadavg, median, now, ratios, set_clock, spread, table
+from _util import (
+    add_timing_args,
+    apply_timing_args,
+    header,
+    interleave,
+    load_summary,
+    loadavg,
+    median,
+    now,
+    ratios,
+    spread,
+    table,
+)
 
 SHAPES = {
     "small": {"overrides": [], "batch": 16, "vocab": 256},
@@ -127,19 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default="small,d256")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--steps", type=int, default=2, help="steps per variant per round")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's, one per core)")
-    p.add_argument(
-        "--clock",
-        choices=("wall", "cpu"),
-        default="wall",
-        help="cpu: this thread's CPU time (needs --threads 1): robust to other load on the machine",
-    )
+    add_timing_args(p)
     a = p.parse_args(argv)
     if a.quick:
         a.shapes, a.rounds, a.steps = "small", 2, 1
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    set_clock(a.clock)
+    apply_timing_args(a)
     header("bench/components.py: step time of one switch vs the default config (fp32, CPU)")
     print(f"   {a.rounds} rounds x {a.steps} steps per variant, interleaved; clock: {a.clock}")
     results = {s: run_shape(s, a) for s in a.shapes.split(",")}

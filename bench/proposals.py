@@ -41,7 +41,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 import torch.nn.functional as F
-from _util import header, interleave, load_summary, loadavg, median, now, ratios, set_clock, spread, table
+from _util import (
+    add_timing_args,
+    apply_timing_args,
+    header,
+    interleave,
+    load_summary,
+    loadavg,
+    median,
+    now,
+    ratios,
+    spread,
+    table,
+)
 
 from lm_ablate.components.ffn import GatedFFN
 from lm_ablate.components.norm import RMSNorm
@@ -173,17 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke test: the small setups, 2 rounds")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--steps", type=int, default=1)
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's, one per core)")
-    p.add_argument(
-        "--clock",
-        choices=("wall", "cpu"),
-        default="wall",
-        help="cpu: this thread's CPU time (needs --threads 1): robust to other load on the machine",
-    )
+    add_timing_args(p)
     a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    set_clock(a.clock)
+    apply_timing_args(a)
     setups = SETUPS
     if a.quick:
         setups, a.rounds = {k: v for k, v in SETUPS.items() if "small" in k}, 2

@@ -41,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 import torch.nn.functional as F
 from _util import (
+    add_timing_args,
+    apply_timing_args,
     header,
     interleave,
     load_summary,
@@ -49,7 +51,6 @@ from _util import (
     median,
     now,
     ratios,
-    set_clock,
     spread,
     table,
 )
@@ -380,19 +381,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="gpt2's embd/attn/resid_pdrop (default: GPT2Config's 0.1, what arch=gpt2 also uses)",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's, one per core)")
-    p.add_argument(
-        "--clock",
-        choices=("wall", "cpu"),
-        default="wall",
-        help="cpu: this thread's CPU time (needs --threads 1): robust to other load on the machine",
-    )
+    add_timing_args(p)
     a = p.parse_args(argv)
     if a.quick:
         a.batch, a.seq, a.rounds, a.steps, a.compile = 4, 64, 2, 1, False
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    set_clock(a.clock)
+    apply_timing_args(a)
     if a.compile and not a.warm_cache:  # before inductor is imported: every compile below starts cold
         cache = tempfile.mkdtemp(prefix="lm_ablate_bench_inductor_")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
