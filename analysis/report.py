@@ -165,7 +165,11 @@ def _status_counts(rs: RunSet) -> str:
 
 
 def _summary_blocks(
-    rs: RunSet, cs: ComparisonSet, findings: Sequence[str] = (), warnings: Sequence[str] = ()
+    rs: RunSet,
+    cs: ComparisonSet,
+    findings: Sequence[str] = (),
+    warnings: Sequence[str] = (),
+    size_keys: frozenset[str] = frozenset(),
 ) -> list[Block]:
     """The Summary: the Findings first (claim verdicts and the largest effects, with their numbers), then what
     was run, what varied and what was held fixed, and ``warnings``."""
@@ -176,8 +180,15 @@ def _summary_blocks(
     items = [f"Runs: {len(rs.runs)} ({_status_counts(rs)})."]
     if studies:
         items.append("Study: " + ", ".join(studies) + ".")
+    # model size (the rungs of a ladder) is the Scaling section's dimension, not an axis compared here
+    size_axes = [axis for axis in cs.varied if size_keys and set(axis.keys) <= size_keys]
+    if size_axes:
+        shown = "; ".join(f"{a.label} = {', '.join(fmt_value(v) for v in cs.values[a.name])}" for a in size_axes)
+        items.append(f"Model size varies (the rungs; compared across sizes in the Scaling section): {shown}.")
     if cs.varied:
         for axis in cs.varied:
+            if axis in size_axes:
+                continue
             values = ", ".join(fmt_value(v) for v in cs.values[axis.name])
             along = f" (changes together with {_keys_text(axis.keys[1:])})" if len(axis.keys) > 1 else ""
             items.append(f"Varied: {axis.label} = {values}{along}.")
@@ -192,7 +203,7 @@ def _summary_blocks(
     if cs.left_out:
         items.append("Left out of comparisons (no readable config): " + ", ".join(cs.left_out) + ".")
     compared = {k for comp in cs.comparisons for k in comp.axis.keys}
-    uncompared = [axis.label for axis in cs.varied if not set(axis.keys) & compared]
+    uncompared = [axis.label for axis in cs.varied if not set(axis.keys) & compared and axis not in size_axes]
     if len(studies) > 1 or uncompared:
         parts = [f"they come from {len(studies)} studies ({', '.join(studies)})"] if len(studies) > 1 else []
         parts += ["also varied but not compared: " + ", ".join(uncompared)] if uncompared else []
@@ -201,7 +212,8 @@ def _summary_blocks(
             + "; ".join(parts)
             + ". Each comparison holds the other varied keys fixed within a context; nothing is pooled across them."
         )
-    items += [*cs.notes, *warnings]
+    size_labels = tuple(f"{a.label} varies only together" for a in size_axes)
+    items += [*(n for n in cs.notes if not n.startswith(size_labels)), *warnings]
     out.append(Bullets(items))
     if cs.fixed:
         rows = [[key, fmt_value(value)] for key, value in cs.fixed.items()]
@@ -478,7 +490,9 @@ def build_blocks(
         blocks += claims_blocks(claims)
     baselines = {comp.axis.label: comp.baseline for comp in cs.comparisons}
     warning = speed_warning(unsteady_speed(rs, cs))
-    blocks += _summary_blocks(rs, cs, findings(claims, largest_effects(cs), baselines), [warning] if warning else [])
+    size_keys = frozenset(scaling.size_keys) if scaling is not None else frozenset()
+    notes = [warning] if warning else []
+    blocks += _summary_blocks(rs, cs, findings(claims, largest_effects(cs), baselines), notes, size_keys)
     if sweep is not None:
         blocks += _lr_blocks(sweep, figures.get(0, []), compare_at_best_lr(rs, sweep=sweep))
     for i, comp in enumerate(cs.comparisons, 1):

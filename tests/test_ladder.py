@@ -111,6 +111,8 @@ def test_a_ladder_study_runs_and_reports_compute_multipliers(tmp_path, cache_dir
     assert out.returncode == 0, out.stderr[-3000:]
     report = (tmp_path / "ladder" / "report" / "report.md").read_text()
     assert "Scaling" in report
+    # the rungs are the Scaling section's dimension: named once in the summary, not warned about as uncompared
+    assert "Model size varies (the rungs" in report and "also varied but not compared" not in report
     scaling = (tmp_path / "ladder" / "report" / "scaling.csv").read_text()
     assert "swiglu" in scaling and "gelu" in scaling
     summaries = sorted((tmp_path / "ladder").glob("*/summary.json"))

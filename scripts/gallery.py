@@ -1,0 +1,200 @@
+"""The results gallery: every study at full size, its report under results/<study>/, and one table of claims.
+
+    python scripts/gallery.py run [STUDY ...]   # train the studies (default: all) into runs/gallery/<study>
+    python scripts/gallery.py build             # rebuild results/ from runs/gallery/: each report's markdown,
+                                                # figures and tables, and results/README.md
+
+``run`` calls ``python -m lm_ablate.study STUDY --out runs/gallery/STUDY tracking=none train.progress=false`` one
+study after the other and appends each one's wall time and the load average to runs/gallery/times.txt (time it
+on an otherwise idle machine). ``build`` only reads the run records, so the reports can be rebuilt with newer
+analysis code without training again. Figures are re-encoded with a 256-colour palette when a study's folder
+would pass FOLDER_LIMIT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "runs" / "gallery"
+RESULTS = ROOT / "results"
+FOLDER_LIMIT = 1_500_000  # bytes of figures per study
+STUDIES = [
+    "norm_2x2", "pre_vs_post_norm", "prepost_map", "rmsnorm_vs_layernorm", "norm_placement", "position",
+    "activation", "attention", "regularization", "lr_sensitivity", "parallel_vs_serial", "optimizer",
+    "lr_transfer", "ladder_activation", "ladder_arch",
+]  # fmt: skip
+KEPT = ("report.md", "claims.csv", "comparisons.csv", "scaling.csv", "lr_sweep.csv")
+
+
+def run(studies: list[str]) -> int:
+    RUNS.mkdir(parents=True, exist_ok=True)
+    worst = 0
+    for study in studies:
+        started = time.time()
+        with open(RUNS / f"{study}.log", "w") as log:
+            cmd = [sys.executable, "-m", "lm_ablate.study", study, "--out", str(RUNS / study), "tracking=none",
+                   "train.progress=false"]  # fmt: skip
+            rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        load = " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
+        with open(RUNS / "times.txt", "a") as f:
+            f.write(f"{study} rc={rc} seconds={time.time() - started:.0f} load={load}\n")
+        worst = max(worst, rc)
+    return worst
+
+
+def times() -> dict[str, tuple[int, float]]:
+    """study -> (exit status, seconds) of its last run in runs/gallery/times.txt."""
+    out: dict[str, tuple[int, float]] = {}
+    path = RUNS / "times.txt"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        study, *fields = line.split()
+        values = dict(f.split("=", 1) for f in fields if "=" in f)
+        out[study] = (int(values.get("rc", 1)), float(values.get("seconds", math.nan)))
+    return out
+
+
+def shrink_figures(folder: Path) -> None:
+    """Palette PNGs (256 colours) when the folder's figures pass FOLDER_LIMIT: line plots keep their look."""
+    pngs = sorted(folder.glob("*.png"))
+    if sum(p.stat().st_size for p in pngs) <= FOLDER_LIMIT:
+        return
+    from PIL import Image
+
+    for p in pngs:
+        with Image.open(p) as im:
+            im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(p, optimize=True)
+
+
+def build_study(study: str) -> Path | None:
+    """Rebuild the report of runs/gallery/<study> and copy what results/ keeps; None when it has no runs."""
+    from analysis.report import build_report
+
+    runs = RUNS / study
+    if not any(runs.glob("*/summary.json")):
+        return None
+    report = runs / "report"
+    build_report([runs], report, title=study)
+    target = RESULTS / study
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for name in KEPT:
+        if (report / name).exists():
+            shutil.copy2(report / name, target / name)
+    for png in report.glob("*.png"):
+        shutil.copy2(png, target / png.name)
+    shrink_figures(target)
+    return target
+
+
+def _number(x: float, ratio: bool) -> str:
+    if not math.isfinite(x):
+        return "–"
+    return f"{x:.3g}x" if ratio else f"{x:+.4f}"
+
+
+def effect_text(row: pd.Series) -> str:
+    ratio = row["null"] == 1
+    est = _number(row["estimate"], ratio)
+    if est == "–":
+        return f"– ({row['why']})" if isinstance(row["why"], str) and row["why"] else "–"
+    lo, hi = _number(row["low95"], ratio), _number(row["high95"], ratio)
+    return est + (f" [{lo}, {hi}]" if lo != "–" and hi != "–" else "")
+
+
+def claim_rows(study: str, claims: pd.DataFrame) -> list[str]:
+    rows = []
+    for claim_id, group in claims.groupby("claim_id", sort=False):
+        first = group.iloc[0]
+        verdict = first["claim_verdict"]
+        if len(group) == 1:
+            effect = effect_text(first)
+        else:  # one claim judged in several contexts: each context's verdict and effect
+            effect = "<br>".join(f"{r['context']}: {r['verdict']}, {effect_text(r)}" for _, r in group.iterrows())
+        statement = str(first["statement"]).replace("|", "/")
+        rows.append(
+            f"| [{study}]({study}/report.md) | **{verdict}** | {statement} ({first['metric']}, expect "
+            f"{first['expect']}) | {first['source']} | {effect} | `python -m lm_ablate.study {study}` |"
+        )
+    return rows
+
+
+def build(studies: list[str]) -> int:
+    RESULTS.mkdir(exist_ok=True)
+    timing = times()
+    table, built = [], []
+    for study in studies:
+        target = build_study(study)
+        if target is None:
+            print(f"gallery: {study}: no runs under {RUNS / study}", file=sys.stderr)
+            continue
+        built.append(study)
+        if (target / "claims.csv").exists():
+            table += claim_rows(study, pd.read_csv(target / "claims.csv"))
+        size = sum(p.stat().st_size for p in target.glob("*.png"))
+        print(f"gallery: {study}: {target} ({size / 1e6:.2f} MB of figures)")
+    verdicts = [line.split("**")[1] for line in table]
+    counts = ", ".join(f"{v}: {verdicts.count(v)}" for v in dict.fromkeys(sorted(verdicts)))
+    timed = [
+        f"| {s} | {timing[s][1] / 60:.1f} min{'' if timing[s][0] == 0 else f' (exit {timing[s][0]})'} |"
+        for s in built
+        if s in timing
+    ]
+    text = "\n".join(
+        [
+            "# Results gallery",
+            "",
+            "Every study run at its full size (3 seeds; 2 for the two maps) on the 2-core CPU machine, with",
+            "`python scripts/gallery.py run` (one study at a time: `python -m lm_ablate.study STUDY tracking=none`),",
+            "and its report rebuilt with `python scripts/gallery.py build`. Each folder holds the report's markdown,",
+            "figures and tables (claims.csv, comparisons.csv). Every verdict below is computed from the runs by",
+            "`analysis/claims.py` (held: the 95% interval of arm − baseline excludes 0 in the expected direction;",
+            "equal: the 90% interval lies inside ±margin, TOST; contradicted: the interval excludes 0 the other way;",
+            "mixed: the contexts disagree). Ratio metrics (tokens/s, attention logit, compute multiplier) are",
+            "arm / baseline. These are ~1M-parameter models on 5 MB of Shakespeare: a claim made at scale may not",
+            "reproduce here, and when it does not the table says so.",
+            "",
+            f"**{len(table)} claims**: {counts}.",
+            "",
+            "| study | verdict | claim (metric, expected) | source | effect [95% CI] | command |",
+            "|---|---|---|---|---|---|",
+            *table,
+            "",
+            "## Wall time of each study (2 CPU cores, nothing else running)",
+            "",
+            "| study | wall time |",
+            "|---|---|",
+            *timed,
+            "",
+        ]
+    )
+    (RESULTS / "README.md").write_text(text)
+    print(RESULTS / "README.md")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python scripts/gallery.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=("run", "build"))
+    parser.add_argument("studies", nargs="*", help=f"default: all ({', '.join(STUDIES)})")
+    args = parser.parse_args(argv)
+    studies = args.studies or STUDIES
+    unknown = sorted(set(studies) - set(STUDIES))
+    if unknown:
+        parser.error(f"unknown studies {unknown}; allowed: {', '.join(STUDIES)}")
+    os.chdir(ROOT)
+    sys.path.insert(0, str(ROOT))
+    return run(studies) if args.action == "run" else build(studies)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
