@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
+from reference_stats import expected_ci, expected_paired, expected_welch
 from scipy import stats as st
 
 from analysis.compare import compare_runs
@@ -190,28 +191,6 @@ N_RUNS = 17
 @pytest.fixture(scope="module")
 def report(sweep, tmp_path_factory) -> Path:
     return build_report([sweep], tmp_path_factory.mktemp("report"))
-
-
-def expected_ci(x: list[float]) -> tuple[float, float, float]:
-    a = np.array(x)
-    half = st.t.ppf(0.975, len(a) - 1) * a.std(ddof=1) / np.sqrt(len(a))
-    return a.mean(), a.mean() - half, a.mean() + half
-
-
-def expected_welch(a: list[float], b: list[float]) -> tuple[float, float, float, float]:
-    xa, xb = np.array(a), np.array(b)
-    va, vb = xa.var(ddof=1) / len(xa), xb.var(ddof=1) / len(xb)
-    dof = (va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1))
-    d, se = xa.mean() - xb.mean(), np.sqrt(va + vb)
-    half = st.t.ppf(0.975, dof) * se
-    return d, d - half, d + half, 2 * st.t.sf(abs(d / se), dof)
-
-
-def expected_paired(a: list[float], b: list[float]) -> tuple[float, float, float, float]:
-    diff = np.array(a) - np.array(b)
-    d, se = diff.mean(), diff.std(ddof=1) / np.sqrt(len(diff))
-    half = st.t.ppf(0.975, len(diff) - 1) * se
-    return d, d - half, d + half, st.ttest_rel(a, b).pvalue
 
 
 # --- stats ----------------------------------------------------------------------------------------------

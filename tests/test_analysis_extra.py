@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
+from reference_stats import expected_ci
 from scipy import stats as st
 
 from analysis import load as L
@@ -138,12 +139,6 @@ def lr_sweep_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def lr_report(lr_sweep_dir, tmp_path_factory) -> Path:
     return build_report([lr_sweep_dir], tmp_path_factory.mktemp("lr_report"))
-
-
-def expected_ci(x: list[float]) -> tuple[float, float, float]:
-    a = np.array(x)
-    half = st.t.ppf(0.975, len(a) - 1) * a.std(ddof=1) / np.sqrt(len(a))
-    return a.mean(), a.mean() - half, a.mean() + half
 
 
 # --- LR sweeps ------------------------------------------------------------------------------------------
