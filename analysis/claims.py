@@ -71,7 +71,8 @@ WHY_NOT_SCALING_BASELINE = "baseline_not_scaling_baseline"  # CM is against the 
 WHY_NO_MULTIPLIER = "no_multiplier"  # the scaling study has no multiplier for the arm at `at`
 NOTE_SPEED_UNSTEADY = "speed_unsteady"  # tokens/s of the runs used varies > SPEED_SPREAD_LIMIT within an arm
 NOTE_GRIDS_DIFFER = "lr_grids_differ"  # lr_sensitivity: arm and baseline ran different LR grids
-NOTE_SEEDS_LEFT_OUT = "seeds_without_full_grid"  # lr_sensitivity: a seed that missed an LR of its arm's grid
+NOTE_SEEDS_LEFT_OUT = "seeds_without_full_grid"
+NOTE_BEYOND_VALIDATED = "beyond_validated_range"  # compute_multiplier: extrapolated further than the held-out check  # lr_sensitivity: a seed that missed an LR of its arm's grid
 SPEED_SPREAD_LIMIT = 1.5  # max / min tokens/s of one arm's runs above which speed ratios are not to be trusted
 VALUE = "value"  # the per-run value column handed to compare_to_baseline
 ENDED = (M.STATUS_COMPLETED, M.STATUS_DIVERGED)
@@ -486,7 +487,8 @@ def compute_multiplier(sel: Selection) -> Effect | str:
         return WHY_NO_MULTIPLIER
     rungs = {a.arm: len(a.rungs) for a in study.arms}
     nan = math.nan
-    return Effect(m.cm, m.low, m.high, nan, nan, nan, "bootstrap", 0, rungs[arm], rungs[base], nan, nan)
+    notes = (NOTE_BEYOND_VALIDATED,) if m.beyond_validated else ()
+    return Effect(m.cm, m.low, m.high, nan, nan, nan, "bootstrap", 0, rungs[arm], rungs[base], nan, nan, notes)
 
 
 METRIC_FUNCTIONS: dict[str, Callable[[Selection], Effect | str]] = {

@@ -16,6 +16,7 @@ from analysis.claims import (
     HELD,
     INCONCLUSIVE,
     MIXED,
+    NOTE_BEYOND_VALIDATED,
     NOTE_GRIDS_DIFFER,
     NOTE_SEEDS_LEFT_OUT,
     NOTE_SPEED_UNSTEADY,
@@ -68,6 +69,7 @@ WHY_TEXT = {
     WHY_NO_MULTIPLIER: "the scaling study has no multiplier for the arm there",
 }
 NOTE_TEXT = {
+    NOTE_BEYOND_VALIDATED: "the fits are extrapolated further than the held-out rung checked them: read with care",
     NOTE_SPEED_UNSTEADY: f"tokens/s varies more than {SPEED_SPREAD_LIMIT:g}x within an arm: not to be trusted",
     NOTE_GRIDS_DIFFER: "the arm and the baseline ran different LR grids",
     NOTE_SEEDS_LEFT_OUT: "seeds that missed an LR of their grid were left out",

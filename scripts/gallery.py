@@ -108,12 +108,13 @@ def effect_text(row: pd.Series) -> str:
     if est == "–":
         return f"– ({row['why']})" if isinstance(row["why"], str) and row["why"] else "–"
     lo, hi = _number(row["low95"], ratio), _number(row["high95"], ratio)
-    return est + (f" [{lo}, {hi}]" if lo != "–" and hi != "–" else "")
+    notes = str(row["notes"]).replace("_", " ") if isinstance(row.get("notes"), str) and row["notes"] else ""
+    return est + (f" [{lo}, {hi}]" if lo != "–" and hi != "–" else "") + (f" ({notes})" if notes else "")
 
 
 def claim_rows(study: str, claims: pd.DataFrame) -> list[str]:
     rows = []
-    for claim_id, group in claims.groupby("claim_id", sort=False):
+    for _, group in claims.groupby("claim_id", sort=False):
         first = group.iloc[0]
         verdict = first["claim_verdict"]
         if len(group) == 1:

@@ -340,15 +340,17 @@ def test_compute_multiplier_reads_the_scaling_study():
     study = NS(
         baseline="norm.placement=pre", size_keys=["model.d_model"],
         arms=[NS(arm=f"norm.placement={a}", rungs=[NS(run_ids=ids[a][:2]), NS(run_ids=ids[a][2:])]) for a in ids],
-        multipliers=[NS(arm="norm.placement=post", at="largest", cm=1.4, low=1.1, high=1.8),
-                     NS(arm="norm.placement=post", at="10x", cm=0.9, low=0.7, high=1.2)],
+        multipliers=[NS(arm="norm.placement=post", at="largest", cm=1.4, low=1.1, high=1.8, beyond_validated=False),
+                     NS(arm="norm.placement=post", at="10x", cm=0.9, low=0.7, high=1.2, beyond_validated=True)],
     )  # fmt: skip
     c = claim(metric="compute_multiplier", expect="higher")
     (res,) = evaluate_claims(rs, [c], scaling=study).results
     assert res.context == "all runs" and (res.effect.estimate, res.effect.low95, res.effect.high95) == (1.4, 1.1, 1.8)
     assert res.verdict == HELD and res.effect.test == "bootstrap" and res.effect.n_arm == 2
+    assert res.effect.notes == ()
     (res,) = evaluate_claims(rs, [claim(metric="compute_multiplier", expect="higher", at="10x")], scaling=study).results
     assert res.verdict == INCONCLUSIVE and res.effect.estimate == 0.9
+    assert res.effect.notes == ("beyond_validated_range",)  # said beside the verdict: the fits were not checked there
     reverse = claim(metric="compute_multiplier", expect="higher", arm="pre", baseline="post")
     (res,) = evaluate_claims(rs, [reverse], scaling=study).results
     assert (res.verdict, res.why) == (UNTESTED, "baseline_not_scaling_baseline")
