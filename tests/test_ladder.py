@@ -51,6 +51,11 @@ def test_each_rung_trains_its_shape_for_tokens_per_param_times_its_size(rung, tm
     assert summary[M.STOP_REASON] == "max_tokens" and summary[M.STEPS] == math.ceil(0.5 * n / (8 * 32))
     rows = [json.loads(line) for line in (tmp_path / "run" / M.METRICS_FILE).read_text().splitlines()]
     assert rows[-1][M.LR] == pytest.approx(3e-3 * 0.1)  # the LR schedule ends exactly at the rung's budget
+    # a requeued or re-launched rung computes the same budget, so it is the recorded run: nothing changes
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    again = train(compose([*TINY, f"ladder.rung={rung}", f"data.cache_dir={cache_dir}"]), tmp_path / "run")
+    assert again[M.STEPS] == summary[M.STEPS]
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
 
 
 def test_mup_rule_bases_every_rung_at_rung_0():
