@@ -36,30 +36,31 @@ STUDIES = [
 KEPT = ("report.md", "claims.csv", "comparisons.csv", "scaling.csv", "lr_sweep.csv")
 
 
-def run(studies: list[str]) -> int:
+def run(studies: list[str], threads: int | None = None) -> int:
     RUNS.mkdir(parents=True, exist_ok=True)
     worst = 0
     for study in studies:
         started = time.time()
-        with open(RUNS / f"{study}.log", "w") as log:
+        with open(RUNS / f"{study}.log", "a") as log:  # a study run again continues its finished runs' log
             cmd = [sys.executable, "-m", "lm_ablate.study", study, "--out", str(RUNS / study), "tracking=none",
                    "train.progress=false"]  # fmt: skip
+            cmd += [f"train.threads={threads}"] if threads else []
             rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         load = " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
         with open(RUNS / "times.txt", "a") as f:
-            f.write(f"{study} rc={rc} seconds={time.time() - started:.0f} load={load}\n")
+            f.write(f"{study} rc={rc} seconds={time.time() - started:.0f} threads={threads or 'default'} load={load}\n")
         worst = max(worst, rc)
     return worst
 
 
-def times() -> dict[str, tuple[int, float]]:
-    """study -> (exit status, seconds) of its last run in runs/gallery/times.txt."""
-    out: dict[str, tuple[int, float]] = {}
+def times() -> dict[str, dict[str, str]]:
+    """study -> the fields of its last line in runs/gallery/times.txt (rc, seconds, threads, load)."""
+    out: dict[str, dict[str, str]] = {}
     path = RUNS / "times.txt"
     for line in path.read_text().splitlines() if path.exists() else []:
-        study, *fields = line.split()
-        values = dict(f.split("=", 1) for f in fields if "=" in f)
-        out[study] = (int(values.get("rc", 1)), float(values.get("seconds", math.nan)))
+        head, _, load = line.partition(" load=")
+        study, *fields = head.split()
+        out[study] = {**dict(f.split("=", 1) for f in fields if "=" in f), "load": load or "?"}
     return out
 
 
@@ -145,17 +146,19 @@ def build(studies: list[str]) -> int:
         print(f"gallery: {study}: {target} ({size / 1e6:.2f} MB of figures)")
     verdicts = [line.split("**")[1] for line in table]
     counts = ", ".join(f"{v}: {verdicts.count(v)}" for v in dict.fromkeys(sorted(verdicts)))
-    timed = [
-        f"| {s} | {timing[s][1] / 60:.1f} min{'' if timing[s][0] == 0 else f' (exit {timing[s][0]})'} |"
-        for s in built
-        if s in timing
-    ]
+    timed = []
+    for s in built:
+        if s in timing:
+            t = timing[s]
+            exit_note = "" if t.get("rc") == "0" else f" (exit {t.get('rc')})"
+            timed.append(f"| {s} | {float(t['seconds']) / 60:.1f} min{exit_note} | {t.get('threads', 'default')} | "
+                         f"{t['load']} |")  # fmt: skip
     text = "\n".join(
         [
             "# Results gallery",
             "",
             "Every study run at its full size (3 seeds; 2 for the two maps) on the 2-core CPU machine, with",
-            "`python scripts/gallery.py run` (one study at a time: `python -m lm_ablate.study STUDY tracking=none`),",
+            "`python scripts/gallery.py run` (`python -m lm_ablate.study STUDY tracking=none` per study; times below),",
             "and its report rebuilt with `python scripts/gallery.py build`. Each folder holds the report's markdown,",
             "figures and tables (claims.csv, comparisons.csv). Every verdict below is computed from the runs by",
             "`analysis/claims.py` (held: the 95% interval of arm − baseline excludes 0 in the expected direction;",
@@ -170,10 +173,14 @@ def build(studies: list[str]) -> int:
             "|---|---|---|---|---|---|",
             *table,
             "",
-            "## Wall time of each study (2 CPU cores, nothing else running)",
+            "## Wall time of each study",
             "",
-            "| study | wall time |",
-            "|---|---|",
+            "On the 2-core machine, measured by `scripts/gallery.py run`. `train.threads` 1: two studies ran side by",
+            "side, one core each (`--threads 1`); default: one study alone on both cores. Load: the 1, 5 and 15-minute",
+            "load averages when the study ended. A study resumed after an interruption counts only its last part.",
+            "",
+            "| study | wall time | train.threads | load |",
+            "|---|---|---|---|",
             *timed,
             "",
         ]
@@ -187,14 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python scripts/gallery.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=("run", "build"))
     parser.add_argument("studies", nargs="*", help=f"default: all ({', '.join(STUDIES)})")
-    args = parser.parse_args(argv)
+    parser.add_argument("--threads", type=int, help="run: train.threads for every run (1 when two run side by side)")
+    args = parser.parse_intermixed_args(argv)
     studies = args.studies or STUDIES
     unknown = sorted(set(studies) - set(STUDIES))
     if unknown:
         parser.error(f"unknown studies {unknown}; allowed: {', '.join(STUDIES)}")
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
-    return run(studies) if args.action == "run" else build(studies)
+    return run(studies, args.threads) if args.action == "run" else build(studies)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,75 @@
+"""scripts/gallery.py: the command each study runs with, the time record it keeps, and the claims table rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def gallery(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("gallery_script", ROOT / "scripts" / "gallery.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "RUNS", tmp_path / "runs")
+    return module
+
+
+def test_run_passes_threads_and_records_time_threads_and_load(gallery, monkeypatch):
+    calls = []
+    exits = iter([0, 3])
+    monkeypatch.setattr(gallery.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or next(exits))
+    assert gallery.run(["norm_2x2", "position"], threads=1) == 3
+    assert [c[3] for c in calls] == ["norm_2x2", "position"]
+    assert all(c[-1] == "train.threads=1" for c in calls)
+    assert calls[0][4:6] == ["--out", str(gallery.RUNS / "norm_2x2")]
+    recorded = gallery.times()
+    assert recorded["norm_2x2"]["rc"] == "0" and recorded["position"]["rc"] == "3"
+    assert recorded["position"]["threads"] == "1"
+    assert len(recorded["position"]["load"].split()) == 3  # the three load averages, spaces kept
+
+    calls.clear()
+    monkeypatch.setattr(gallery.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+    gallery.run(["position"])  # without --threads: the study's own thread count, and the last line wins
+    assert not any(a.startswith("train.threads") for a in calls[0])
+    assert gallery.times()["position"] == {**gallery.times()["position"], "rc": "0", "threads": "default"}
+
+
+def test_times_reads_lines_written_before_threads_were_recorded(gallery):
+    gallery.RUNS.mkdir(parents=True)
+    (gallery.RUNS / "times.txt").write_text("norm_2x2 rc=0 seconds=263 load=2.99 3.07 2.85\n")
+    assert gallery.times() == {"norm_2x2": {"rc": "0", "seconds": "263", "load": "2.99 3.07 2.85"}}
+
+
+def _claim(**kw):
+    row = dict(claim_id="c", claim_verdict="held", verdict="held", statement="a | b", metric="final_val_loss",
+               expect="lower", source="Paper 2020", context="", estimate=-0.05, low95=-0.08, high95=-0.02,
+               null=0, notes="", why="")  # fmt: skip
+    return {**row, **kw}
+
+
+def test_claim_rows_show_the_effect_interval_and_each_context(gallery):
+    one = gallery.claim_rows("s", pd.DataFrame([_claim()]))
+    assert one == [
+        "| [s](s/report.md) | **held** | a / b (final_val_loss, expect lower) | Paper 2020 | -0.0500 [-0.0800, "
+        "-0.0200] | `python -m lm_ablate.study s` |"
+    ]
+    ratio = gallery.claim_rows("s", pd.DataFrame([_claim(null=1, estimate=1.418, low95=1.25, high95=1.685,
+                                                        notes="beyond_validated_range")]))  # fmt: skip
+    assert "1.42x [1.25x, 1.69x] (beyond validated range)" in ratio[0]
+    missing = gallery.claim_rows("s", pd.DataFrame([_claim(estimate=math.nan, why="no runs")]))
+    assert "| – (no runs) |" in missing[0]
+    two = gallery.claim_rows(
+        "s",
+        pd.DataFrame([_claim(context="lr=0.01", claim_verdict="mixed"),
+                      _claim(context="lr=0.003", verdict="contradicted", estimate=0.1, low95=0.05, high95=0.2,
+                             claim_verdict="mixed")]),
+    )  # fmt: skip
+    assert len(two) == 1 and "**mixed**" in two[0]
+    assert "lr=0.01: held, -0.0500 [-0.0800, -0.0200]<br>lr=0.003: contradicted, +0.1000 [+0.0500, +0.2000]" in two[0]
