@@ -7,8 +7,8 @@
 ``run`` calls ``python -m lm_ablate.study STUDY --out runs/gallery/STUDY tracking=none train.progress=false`` one
 study after the other and appends each one's wall time and the load average to runs/gallery/times.txt (time it
 on an otherwise idle machine). ``build`` only reads the run records, so the reports can be rebuilt with newer
-analysis code without training again. Figures are re-encoded with a 256-colour palette when a study's folder
-would pass FOLDER_LIMIT.
+analysis code without training again. Figures are re-encoded with a 256-, 128- or 64-colour palette when a
+study's folder would pass FOLDER_LIMIT.
 """
 
 from __future__ import annotations
@@ -65,15 +65,19 @@ def times() -> dict[str, dict[str, str]]:
 
 
 def shrink_figures(folder: Path) -> None:
-    """Palette PNGs (256 colours) when the folder's figures pass FOLDER_LIMIT: line plots keep their look."""
-    pngs = sorted(folder.glob("*.png"))
-    if sum(p.stat().st_size for p in pngs) <= FOLDER_LIMIT:
-        return
+    """Re-encode the PNGs with a palette of 256, then 128, then 64 colours until the folder's figures fit
+    FOLDER_LIMIT (line plots keep their look; pixel size and text are untouched)."""
     from PIL import Image
 
-    for p in pngs:
-        with Image.open(p) as im:
-            im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(p, optimize=True)
+    pngs = sorted(folder.glob("*.png"))
+    originals = {p: p.read_bytes() for p in pngs}
+    for colors in (256, 128, 64):
+        if sum(p.stat().st_size for p in pngs) <= FOLDER_LIMIT:
+            return
+        for p in pngs:
+            p.write_bytes(originals[p])
+            with Image.open(p) as im:
+                im.convert("RGB").quantize(colors=colors, method=Image.Quantize.MEDIANCUT).save(p, optimize=True)
 
 
 def build_study(study: str) -> Path | None:
@@ -157,7 +161,7 @@ def build(studies: list[str]) -> int:
         [
             "# Results gallery",
             "",
-            "Every study run at its full size (3 seeds; 2 for the two maps) on the 2-core CPU machine, with",
+            "Every study run at its full size (3 seeds; 2 for lr_transfer) on the 2-core CPU machine, with",
             "`python scripts/gallery.py run` (`python -m lm_ablate.study STUDY tracking=none` per study; times below),",
             "and its report rebuilt with `python scripts/gallery.py build`. Each folder holds the report's markdown,",
             "figures and tables (claims.csv, comparisons.csv). Every verdict below is computed from the runs by",
