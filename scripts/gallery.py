@@ -7,8 +7,8 @@
 ``run`` calls ``python -m lm_ablate.study STUDY --out runs/gallery/STUDY tracking=none train.progress=false`` one
 study after the other and appends each one's wall time and the load average to runs/gallery/times.txt (time it
 on an otherwise idle machine). ``build`` only reads the run records, so the reports can be rebuilt with newer
-analysis code without training again. Figures are re-encoded with a 256-, 128- or 64-colour palette when a
-study's folder would pass FOLDER_LIMIT.
+analysis code without training again. Figures are re-encoded with a 256-, 128- or 64-colour palette (and
+then scaled down) when a study's folder would pass FOLDER_LIMIT.
 """
 
 from __future__ import annotations
@@ -65,19 +65,22 @@ def times() -> dict[str, dict[str, str]]:
 
 
 def shrink_figures(folder: Path) -> None:
-    """Re-encode the PNGs with a palette of 256, then 128, then 64 colours until the folder's figures fit
-    FOLDER_LIMIT (line plots keep their look; pixel size and text are untouched)."""
+    """Re-encode the PNGs with a palette of 256, then 128, then 64 colours, and last at 85% and 70% of their
+    pixel size, until the folder's figures fit FOLDER_LIMIT (line plots keep their look)."""
     from PIL import Image
 
     pngs = sorted(folder.glob("*.png"))
     originals = {p: p.read_bytes() for p in pngs}
-    for colors in (256, 128, 64):
+    for colors, scale in ((256, 1.0), (128, 1.0), (64, 1.0), (64, 0.85), (64, 0.7)):
         if sum(p.stat().st_size for p in pngs) <= FOLDER_LIMIT:
             return
         for p in pngs:
             p.write_bytes(originals[p])
             with Image.open(p) as im:
-                im.convert("RGB").quantize(colors=colors, method=Image.Quantize.MEDIANCUT).save(p, optimize=True)
+                im = im.convert("RGB")
+                if scale < 1.0:
+                    im = im.resize((round(im.width * scale), round(im.height * scale)), Image.Resampling.LANCZOS)
+                im.quantize(colors=colors, method=Image.Quantize.MEDIANCUT).save(p, optimize=True)
 
 
 def build_study(study: str) -> Path | None:

@@ -73,3 +73,26 @@ def test_claim_rows_show_the_effect_interval_and_each_context(gallery):
     )  # fmt: skip
     assert len(two) == 1 and "**mixed**" in two[0]
     assert "lr=0.01: held, -0.0500 [-0.0800, -0.0200]<br>lr=0.003: contradicted, +0.1000 [+0.0500, +0.2000]" in two[0]
+
+
+def test_shrink_figures_brings_a_folder_under_the_limit_and_leaves_small_folders_alone(gallery, tmp_path, monkeypatch):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "figs"
+    folder.mkdir()
+    for i in range(3):  # noisy RGB: large as PNG, like a dense line plot
+        Image.fromarray(rng.integers(0, 255, (200, 300, 3), dtype=np.uint8)).save(folder / f"f{i}.png")
+    size = sum(p.stat().st_size for p in folder.glob("*.png"))
+    monkeypatch.setattr(gallery, "FOLDER_LIMIT", size)
+    before = {p: p.read_bytes() for p in folder.glob("*.png")}
+    gallery.shrink_figures(folder)
+    assert {p: p.read_bytes() for p in folder.glob("*.png")} == before  # at the limit: untouched
+
+    monkeypatch.setattr(gallery, "FOLDER_LIMIT", size // 4)
+    gallery.shrink_figures(folder)
+    assert sum(p.stat().st_size for p in folder.glob("*.png")) <= size // 4
+    for p in folder.glob("*.png"):
+        with Image.open(p) as im:
+            assert im.mode == "P" and im.width >= 200  # a palette image, at most scaled to 70%
