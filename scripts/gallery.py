@@ -65,20 +65,21 @@ def times() -> dict[str, dict[str, str]]:
 
 
 def shrink_figures(folder: Path) -> None:
-    """Re-encode the PNGs with a palette of 256, then 128, then 64 colours, and last at 85% and 70% of their
-    pixel size, until the folder's figures fit FOLDER_LIMIT (line plots keep their look)."""
+    """Re-encode the PNGs with a palette of 256, then 128, then 64 colours, and last the per-axis panels at
+    85%, 70% and 55% of their pixel size, until the folder's figures fit FOLDER_LIMIT."""
     from PIL import Image
 
     pngs = sorted(folder.glob("*.png"))
     originals = {p: p.read_bytes() for p in pngs}
-    for colors, scale in ((256, 1.0), (128, 1.0), (64, 1.0), (64, 0.85), (64, 0.7)):
+    for colors, scale in ((256, 1.0), (128, 1.0), (64, 1.0), (64, 0.85), (64, 0.7), (64, 0.55)):
         if sum(p.stat().st_size for p in pngs) <= FOLDER_LIMIT:
             return
         for p in pngs:
             p.write_bytes(originals[p])
             with Image.open(p) as im:
                 im = im.convert("RGB")
-                if scale < 1.0:
+                if scale < 1.0 and p.name.startswith("fig") and "heatmap" not in p.name:  # the summary figures
+                    # (LR sweep, scaling, heatmap) keep their size; the per-axis metric panels shrink
                     im = im.resize((round(im.width * scale), round(im.height * scale)), Image.Resampling.LANCZOS)
                 im.quantize(colors=colors, method=Image.Quantize.MEDIANCUT).save(p, optimize=True)
 
