@@ -5,8 +5,9 @@
                                                 # figures and tables, and results/README.md
 
 ``run`` calls ``python -m lm_ablate.study STUDY --out runs/gallery/STUDY tracking=none train.progress=false`` one
-study after the other and appends each one's wall time and the load average to runs/gallery/times.txt (time it
-on an otherwise idle machine). ``build`` only reads the run records, so the reports can be rebuilt with newer
+study after the other and appends each one's wall time, thread count and load average to runs/gallery/times.txt
+(time it on an otherwise idle machine; ``--threads 1`` adds ``train.threads=1``, for two ``run`` commands side by
+side, one core each). ``build`` only reads the run records, so the reports can be rebuilt with newer
 analysis code without training again. Figures are re-encoded with a 256-, 128- or 64-colour palette (and
 then scaled down) when a study's folder would pass FOLDER_LIMIT.
 """
