@@ -57,6 +57,22 @@ def apply_timing_args(a) -> None:
     set_clock(a.clock)
 
 
+def add_round_args(p, unit: str) -> None:
+    """--quick, --shapes, --rounds, --steps plus the timing options, for the interleaved per-shape benchmarks
+    (components.py, optimizers.py); ``unit`` names what is timed ("variant", "candidate")."""
+    p.add_argument("--quick", action="store_true", help="smoke test: small shape, 2 rounds of 1 step")
+    p.add_argument("--shapes", default="small,d256")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--steps", type=int, default=2, help=f"steps per {unit} per round")
+    add_timing_args(p)
+
+
+def apply_round_args(a) -> None:
+    if a.quick:
+        a.shapes, a.rounds, a.steps = "small", 2, 1
+    apply_timing_args(a)
+
+
 def now() -> float:
     return clock()
 

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from _util import (
-    add_timing_args,
-    apply_timing_args,
+    add_round_args,
+    apply_round_args,
     header,
     interleave,
     load_summary,
@@ -135,15 +135,9 @@ def run_shape(name: str, a: argparse.Namespace) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke test: small shape, 2 rounds of 1 step")
-    p.add_argument("--shapes", default="small,d256")
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--steps", type=int, default=2, help="steps per variant per round")
-    add_timing_args(p)
+    add_round_args(p, "variant")
     a = p.parse_args(argv)
-    if a.quick:
-        a.shapes, a.rounds, a.steps = "small", 2, 1
-    apply_timing_args(a)
+    apply_round_args(a)
     header("bench/components.py: step time of one switch vs the default config (fp32, CPU)")
     print(f"   {a.rounds} rounds x {a.steps} steps per variant, interleaved; clock: {a.clock}")
     results = {s: run_shape(s, a) for s in a.shapes.split(",")}

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from _util import (
-    add_timing_args,
-    apply_timing_args,
+    add_round_args,
+    apply_round_args,
     header,
     interleave,
     load_summary,
@@ -160,15 +160,9 @@ def run_shape(name: str, a: argparse.Namespace) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke test: small shape, 2 rounds of 1 step")
-    p.add_argument("--shapes", default="small,d256")
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--steps", type=int, default=2, help="steps per candidate per round")
-    add_timing_args(p)
+    add_round_args(p, "candidate")
     a = p.parse_args(argv)
-    if a.quick:
-        a.shapes, a.rounds, a.steps = "small", 2, 1
-    apply_timing_args(a)
+    apply_round_args(a)
     header("bench/optimizers.py: step time of each optimizer vs AdamW at the llama preset (fp32, CPU)")
     print(f"   {a.rounds} rounds x {a.steps} steps per candidate, interleaved; clock: {a.clock}")
     results = {s: run_shape(s, a) for s in a.shapes.split(",")}
