@@ -2,7 +2,7 @@
 transformers' ``GPT2LMHeadModel`` of the same shape, measured in the same run.
 
     python bench/gpu.py [--device cuda] [--model large] [--batch 16] [--steps 20] [--rounds 3] [--warmup 3]
-                        [--no-compile] [--no-hf] [--dropout P] [--vocab 50257]
+                        [--no-compile] [--no-hf] [--dropout P] [--vocab 50257] [--out bench.md]
     python bench/gpu.py --device cpu --model tiny --steps 3 --threads 1   # smoke test of the script (fp32)
 
 Candidates, built from the same seed and measured one after another, each alone on the device (the previous
@@ -224,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--no-hf", dest="hf", action="store_false", help="leave transformers out")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
+    p.add_argument("--out", type=Path, default=None, help="also write the setting, table and RESULT line there (.md)")
     a = p.parse_args(argv)
+    if a.out is not None and not a.out.parent.is_dir():
+        print(f"bench/gpu.py: --out {a.out}: no folder {a.out.parent}", file=sys.stderr)
+        return 2
     if a.threads:
         torch.set_num_threads(a.threads)
     device = torch.device(a.device)
@@ -240,23 +244,26 @@ def main(argv: list[str] | None = None) -> int:
 
     header(f"bench/gpu.py: train-step tokens/s, MFU and memory, model={a.model} (arch=gpt2) vs GPT2LMHeadModel")
     precision = "bf16 autocast" if cuda else "fp32"
+    setting = [f"torch {torch.__version__}"]
     if cuda:
         props = torch.cuda.get_device_properties(device)
-        print(
-            f"   {props.name}, {props.total_memory / 2**30:.0f} GiB, sm {props.major}{props.minor}, CUDA {torch.version.cuda}"
+        setting.append(
+            f"{props.name}, {props.total_memory / 2**30:.0f} GiB, sm {props.major}{props.minor}, CUDA {torch.version.cuda}"
         )
+        print(f"   {setting[-1]}")
     peak = measured_peak_flops(device.type, torch.bfloat16 if cuda else torch.float32)
-    print(f"   measured {'bf16' if cuda else 'fp32'} matmul peak: {flops_str(peak)}", flush=True)
+    setting.append(f"measured {'bf16' if cuda else 'fp32'} matmul peak: {flops_str(peak)}")
+    print(f"   {setting[-1]}", flush=True)
     cfg = config(a)
     m = cfg.model
     gen = torch.Generator().manual_seed(1)
     x, y = (torch.randint(0, a.vocab, (a.batch, m.context), generator=gen).to(device) for _ in range(2))
-    print(
-        f"   {m.d_model} wide, {m.n_layers} layers, {m.n_heads} heads, vocab {a.vocab}; {precision}, dropout "
+    setting.append(
+        f"{m.d_model} wide, {m.n_layers} layers, {m.n_heads} heads, vocab {a.vocab}; {precision}, dropout "
         f"{cfg.regularization.dropout}; batch {a.batch} x {m.context} tokens; {a.rounds} rounds x {a.steps} steps "
-        f"after {a.warmup} warm-up steps",
-        flush=True,
+        f"after {a.warmup} warm-up steps"
     )
+    print(f"   {setting[-1]}", flush=True)
 
     skipped = {}
     if not a.compile:
@@ -268,11 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(counts) > 1:
         raise SystemExit(f"bench/gpu.py: the models differ in size ({sorted(counts)} parameters): not the same shape")
     flops = results["lm-ablate eager"]["flops_per_token"]  # the same shape on both sides (parameter counts checked)
-    print(
-        f"\n{counts.pop() / 1e6:.2f}M parameters each, {flops / 1e6:.0f} MFLOP/token; MFU against the measured peak "
-        f"{flops_str(peak)}\n"
+    shape = (
+        f"{counts.pop() / 1e6:.2f}M parameters each, {flops / 1e6:.0f} MFLOP/token; MFU against the measured peak "
+        f"{flops_str(peak)}"
     )
-    print(report(results, skipped, flops, peak, x.numel()))
+    table = report(results, skipped, flops, peak, x.numel())
+    print(f"\n{shape}\n")
+    print(table)
     print(f"\n   load average at end: {loadavg()}")
     ours = results.get("lm-ablate compiled") or results["lm-ablate eager"]
     rate = x.numel() / ours["step_s"]
@@ -285,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     if "transformers eager" in results:
         line += f", {results['transformers eager']['step_s'] / ours['step_s']:.2f}x transformers eager"
     print(line)
+    if a.out is not None:
+        title = f"# bench/gpu.py: model={a.model} (arch=gpt2) vs GPT2LMHeadModel, {precision}, {device.type}"
+        body = [title, "", *(f"- {s}" for s in setting), f"- {shape}", "", table, "", line, ""]
+        a.out.write_text("\n".join(body))
+        print(f"   written: {a.out}")
     return 0
 
 

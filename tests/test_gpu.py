@@ -410,16 +410,24 @@ def test_ddp_over_a_one_rank_process_group_is_exact(tmp_path, deterministic):
 # -------------------------------------------------------------------------------- bench/gpu.py (CPU, not gpu)
 
 
-def test_gpu_benchmark_prints_its_table_on_cpu(capsys, one_thread):
+def test_gpu_benchmark_prints_its_table_on_cpu(capsys, one_thread, tmp_path):
     """bench/gpu.py's code path on the CPU (fp32, the tiny shape, one step): one markdown table with a row per
-    candidate, the skipped ones saying why, and figures that agree with each other."""
+    candidate, the skipped ones saying why, and figures that agree with each other; ``--out`` writes the same table
+    and RESULT line to a file (what scripts/gpu_check.sh brings back), and a missing folder is refused."""
     spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     args = ["--device", "cpu", "--model", "tiny", "--batch", "2", "--steps", "1", "--rounds", "1", "--warmup", "1"]
-    assert bench.main([*args, "--no-compile"]) == 0
+    assert bench.main([*args, "--no-compile", "--out", str(tmp_path / "nowhere" / "bench.md")]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert bench.main([*args, "--no-compile", "--out", str(tmp_path / "bench.md")]) == 0
     out = capsys.readouterr().out
+    written = (tmp_path / "bench.md").read_text().splitlines()
     table = [line for line in out.splitlines() if line.startswith("| ")]
+    results = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert [line for line in written if line.startswith("| ")] == table
+    assert [line for line in written if line.startswith("RESULT ")] == results and len(results) == 1
+    assert written[0].startswith("# bench/gpu.py: model=tiny") and any(line.startswith("- torch ") for line in written)
     assert table[0].startswith("| candidate | tokens/s | ms/step | x transformers eager | MFU")
     cells = {line.split(" | ")[0].removeprefix("| "): line.strip("| ").split(" | ") for line in table[1:]}
     assert list(cells) == list(bench.CANDIDATES)
