@@ -91,21 +91,30 @@ def _digits(claim: Claim) -> int:
     return 2 if claim.metric.endswith("spike_rate") else 4
 
 
+def _infinite(x: Any) -> bool:
+    return isinstance(x, float) and math.isinf(x) and x > 0
+
+
 def value_text(x: Any, claim: Claim, signed: bool = True) -> str:
     if not _ok(x):
-        return "∞" if isinstance(x, float) and math.isinf(x) and x > 0 else "–"
+        return "∞" if _infinite(x) else "–"
     if claim.spec.ratio:
         return f"{x:.3f}×"
     return f"{x:{'+' if signed else ''}.{_digits(claim)}f}"
 
 
 def interval_text(low: Any, high: Any, claim: Claim) -> str:
-    if not (_ok(low) and _ok(high)):
+    """``[low, high]``; an upper end of +∞ (a compute multiplier's bootstrap) is shown as ∞, as the Scaling
+    table shows it; "" when either end is missing."""
+    if not (_ok(low) and (_ok(high) or _infinite(high))):
         return ""
-    if claim.spec.ratio:
-        return f"[{low:.3f}, {high:.3f}]"
-    d = _digits(claim)
-    return f"[{low:+.{d}f}, {high:+.{d}f}]"
+    return f"[{_bound(low, claim)}, {_bound(high, claim)}]"
+
+
+def _bound(x: float, claim: Claim) -> str:
+    if _infinite(x):
+        return "∞"
+    return f"{x:.3f}" if claim.spec.ratio else f"{x:+.{_digits(claim)}f}"
 
 
 def effect_text(effect: Effect | None, claim: Claim) -> str:
@@ -185,7 +194,8 @@ def claims_blocks(claims: ClaimSet) -> list[Any]:
             f"{c.id}: {c.statement.rstrip('.')} ({c.source})", expectation_text(c), r.context, effect, test_text(e),
             VERDICT_TEXT[r.verdict] + (f" ({note})" if note else ""),
         ])  # fmt: skip
-    out: list[Any] = [Heading(2, "Claims"), Para(CLAIMS_INTRO), Table(headers, rows, frozenset({3}))]
+    # the effect is text that wraps (two intervals for an "equal" claim), not a one-line number
+    out: list[Any] = [Heading(2, "Claims"), Para(CLAIMS_INTRO), Table(headers, rows)]
     problems = [f"{run}: {err} (its claims are ignored)" for run, err in claims.invalid]
     problems += [
         f"Claim {cid} is defined differently in different runs (the study file changed between runs): the "

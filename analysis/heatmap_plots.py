@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 
 from analysis.compare import Axis, Comparison, _sort_key, find_axes, fmt_value
 from analysis.load import RunSet
-from analysis.plots import PlotFigure, _png, _text, slug
+from analysis.plots import PlotFigure, _png, _text, metric_title, slug
 from lm_ablate import metrics as M
 
 STALL_REL = 0.015  # a completed run whose val loss fell < 1.5% after its first evaluation is "stalled"
@@ -124,7 +124,8 @@ def heatmap_figures(rs: RunSet, comp: Comparison) -> list[PlotFigure]:
         ax.set_ylabel(rows_axis.label, fontsize=9)
         ax.set_title(_text(f"{arm} − {comp.baseline}", 50), fontsize=9)
         fig.colorbar(mesh, ax=ax, fraction=0.05, pad=0.03).set_label(f"Δ final {M.VAL_LOSS}", fontsize=8)
-    title = f"{comp.axis.label}: final {M.VAL_LOSS}, arm − baseline, by {rows_axis.label} × {cols_axis.label}"
+    title = (f"{comp.axis.label}: final {metric_title(M.VAL_LOSS)}, arm − baseline, by {rows_axis.label} × "
+             f"{cols_axis.label}")  # fmt: skip
     fig.suptitle(_text(title, int(width * 10)), fontsize=11)
     fig.subplots_adjust(left=0.95 / width, right=1 - 0.85 / width, top=1 - 0.95 / height, bottom=0.7 / height,
                         wspace=0.45)  # fmt: skip

@@ -240,9 +240,15 @@ def _read_metrics_lines(text: str, run_id: str, problems: list[str]) -> pd.DataF
 
 
 def _note_bad_lines(bad: list[int], n_lines: int, run_id: str, problems: list[str]) -> None:
-    if bad:
-        where = "its last line (truncated write)" if bad == [n_lines] else f"{len(bad)} line(s): {_ranges(bad)}"
-        problems.append(f"{run_id}: {M.METRICS_FILE}: skipped {where}, unreadable")
+    if not bad:
+        return
+    if bad == [n_lines]:
+        what = "its last line (truncated write)"
+    elif len(bad) == 1:
+        what = f"unreadable line {bad[0]}"
+    else:
+        what = f"{len(bad)} unreadable lines: {_ranges(bad)}"
+    problems.append(f"{run_id}: {M.METRICS_FILE}: skipped {what}")
 
 
 FastRead = tuple[None, dict[str, np.ndarray], np.ndarray, "int | None", dict[str, float]]
@@ -668,20 +674,21 @@ def _load_yaml(path: Path, must_resolve: bool = False) -> dict[str, Any] | None:
 
 
 def read_summary(path: Path, run_id: str, problems: list[str]) -> tuple[dict[str, Any] | None, str]:
-    """(summary, status). Missing → (None, incomplete); unparseable or not an object → (None, corrupt)."""
+    """(summary, status). Missing → (None, incomplete); unparseable or not an object → (None, corrupt). The
+    problem line it adds does not name the status: an unreadable config.yaml can still change it."""
     if not path.is_file():
-        problems.append(f"{run_id}: no {M.SUMMARY_FILE} (killed early?); status {STATUS_INCOMPLETE}")
+        problems.append(f"{run_id}: no {M.SUMMARY_FILE} (killed early?)")
         return None, STATUS_INCOMPLETE
     try:
         data = M.from_json(json.loads(path.read_text(encoding="utf-8")))  # "NaN"/"Infinity" back to floats
         if not isinstance(data, dict):
             raise TypeError("not a JSON object")
     except (OSError, ValueError, TypeError) as exc:
-        problems.append(f"{run_id}: {M.SUMMARY_FILE} is unreadable ({one_line(exc)}); status {STATUS_CORRUPT}")
+        problems.append(f"{run_id}: {M.SUMMARY_FILE} is unreadable ({one_line(exc)})")
         return None, STATUS_CORRUPT
     status = data.get(M.STATUS)
     if status not in M.STATUSES:
-        problems.append(f"{run_id}: {M.SUMMARY_FILE} has unknown status {status!r}; status {STATUS_CORRUPT}")
+        problems.append(f"{run_id}: {M.SUMMARY_FILE} has unknown status {status!r}")
         return data, STATUS_CORRUPT
     return data, str(status)
 
@@ -707,27 +714,42 @@ def summary_values(summary: dict[str, Any] | None, hist: pd.DataFrame, name: str
 
 def read_run_dir(run_dir: Path, run_id: str, keep: Keep | None = None) -> RunRecord:
     """Everything one run directory holds, as a :class:`RunRecord` (never raises for a damaged run)."""
-    problems: list[str] = []
+    summary_problems: list[str] = []
+    metrics_problems: list[str] = []
+    config_problems: list[str] = []
     hist, extras = _empty_history(), {}
-    summary, status = read_summary(run_dir / M.SUMMARY_FILE, run_id, problems)
+    summary, status = read_summary(run_dir / M.SUMMARY_FILE, run_id, summary_problems)
     full = None
     if (run_dir / M.METRICS_FILE).is_file():
-        full, hist, extras = _read_history(run_dir / M.METRICS_FILE, run_id, problems, keep, summary is None)
-    cfg, cfg_corrupt = read_config(run_dir, run_id, problems)
+        full, hist, extras = _read_history(run_dir / M.METRICS_FILE, run_id, metrics_problems, keep, summary is None)
+    cfg, cfg_corrupt = read_config(run_dir, run_id, config_problems)
     if cfg_corrupt:
         status = STATUS_CORRUPT
+    # the problem that decided an incomplete or corrupt status names it, once (an unreadable config.yaml
+    # makes a run corrupt whatever its summary said)
+    deciding = config_problems if cfg_corrupt else summary_problems
+    if status in (STATUS_INCOMPLETE, STATUS_CORRUPT) and deciding:
+        head, sep, tail = deciding[0].partition("; run left out")
+        deciding[0] = f"{head}; status {status}{sep}{tail}"
     values = summary_values(summary, full if full is not None else hist, run_dir.name)
+    problems = summary_problems + metrics_problems + config_problems
     return RunRecord(run_id, str(run_dir), run_dir.name, status, values, cfg, hist, extras, problems)
 
 
 def load_runs(paths: Iterable[str | Path] | str | Path, keep: Keep | None = None, workers: int = 1) -> RunSet:
-    """Load every run at or below ``paths``. Raises :class:`AnalysisError` only when no run is found.
+    """Load every run at or below ``paths``. Raises :class:`AnalysisError` when a path is not a directory or
+    no run is found.
 
     ``keep`` selects history columns (all when None; runs without a summary are still summarised from the
     full set). ``workers`` > 1 reads runs in that many forked processes once there are enough runs to pay
     for them.
     """
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    for raw in paths:  # a mistyped path is bad input, not an empty sweep
+        root = Path(raw).expanduser()
+        if not root.is_dir():
+            what = "not a directory" if root.exists() else "no such directory"
+            raise AnalysisError(f"{raw}: {what}; give run directories, multirun roots or folders holding them")
     run_dirs, problems = find_run_dirs(paths)
     if not run_dirs:
         raise AnalysisError("no runs found under: " + ", ".join(str(p) for p in paths))

@@ -54,6 +54,16 @@ MAX_POINTS = 1500  # per drawn line: more than a 500-pixel-wide panel can show
 PNG_COMPRESS_LEVEL = 3
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 MARKERS = ("o", "s", "^", "D", "v", "P", "*", "h", "<")
+# how a figure's title names a logged metric (axis labels and captions name the key itself)
+METRIC_TITLES = {
+    M.VAL_LOSS: "validation loss", M.TRAIN_LOSS: "training loss", M.GRAD_NORM: "gradient norm",
+    M.LOGITS_MAX_ABS: "largest |output logit|", M.LOGITS_MEAN_LOG_Z: "mean log-partition log Z",
+}  # fmt: skip
+
+
+def metric_title(metric: str) -> str:
+    """The words a title uses for ``metric`` (``val/loss`` -> ``validation loss``); other names as they are."""
+    return METRIC_TITLES.get(metric, metric)
 
 
 @dataclass
@@ -380,7 +390,7 @@ def curve_figures(
         if not drawn:
             continue
         _legend(fig, comp.arms, extra)
-        title = _title(label, comp, page, len(pages))
+        title = _title(metric_title(label), comp, page, len(pages))
         fig.suptitle(_text(title, 90), fontsize=11)
         text = (
             caption
@@ -501,7 +511,7 @@ def grad_norm_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None
         if not drawn:
             continue
         _legend(fig, comp.arms, extra)
-        title = _title(M.GRAD_NORM, comp, page, len(pages))
+        title = _title(metric_title(M.GRAD_NORM), comp, page, len(pages))
         fig.suptitle(_text(title, 90), fontsize=11)
         caption = (
             "Gradient norm before clipping, every run drawn on its own (log scale); "
@@ -736,7 +746,7 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
             _log_ticks_in_view(ax.xaxis)
             _style(ax, title, sweep.axis.label + " (log)", f"final {M.VAL_LOSS}")
         _legend(fig, page_labels, extra)
-        title = f"final {M.VAL_LOSS} vs {sweep.axis.label}" + (
+        title = f"final {metric_title(M.VAL_LOSS)} vs {sweep.axis.label}" + (
             f" ({page}/{len(shown_pages)})" if len(shown_pages) > 1 else ""
         )
         fig.suptitle(_text(title, 90), fontsize=11)

@@ -17,10 +17,10 @@ values, names, paths, error messages) is escaped, because run names and errors a
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import math
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +31,7 @@ import pandas as pd
 
 from analysis.best_lr import BestLRComparison, compare_at_best_lr
 from analysis.claims import ClaimSet, annotate_comparisons, evaluate_claims, largest_effects, unsteady_speed
+from analysis.cli import Parser, error
 from analysis.compare import (
     ALL_RUNS,
     TEST_PAIRED,
@@ -73,7 +74,8 @@ h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-to
 .scroll{overflow-x:auto;max-width:100%}table{border-collapse:collapse;font-size:.85em;margin:.8em 0}
 th,td{border:1px solid #ddd;padding:.3em .55em;text-align:left;vertical-align:top}
 td{max-width:32em;overflow-wrap:break-word}p,li,summary,figcaption{overflow-wrap:anywhere}
-th{background:#f3f3f3}tr:nth-child(even) td{background:#fafafa}td.num{text-align:right;white-space:nowrap}
+th{background:#f3f3f3}tr:nth-child(even) td{background:#fafafa}
+td.num{text-align:right;white-space:nowrap;max-width:none}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
 code{background:#f3f3f3;padding:0 .2em}
 """
@@ -546,9 +548,31 @@ def _html_block(b: Block) -> str:
     raise TypeError(f"unknown block {type(b).__name__}")
 
 
-def _m(s: Any) -> str:
-    """Markdown cell/text: HTML-escaped (Markdown passes raw HTML through), pipes and stars neutralised."""
-    return _e(" ".join(str(s).split())).replace("|", "\\|").replace("*", "\\*")
+MD_ALWAYS = re.compile(r"([\\`*|~])")  # backslash, code span, emphasis, table cell, strikethrough
+MD_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")  # emphasis; an intraword _ is literal
+MD_TAG = re.compile(r"<(?=[A-Za-z/!?])[^<>]*>?")  # what a Markdown renderer would pass through as raw HTML
+MD_ENTITY = re.compile(r"&(?=#?[A-Za-z0-9]+;)")  # an & that would start an entity reference
+MD_LINK = re.compile(r"\](?=[(\[])")  # the ] of a link or an image, [text](url)
+MD_BRACKET = re.compile(r"[\[\]]")
+MD_BLOCK_START = re.compile(r"^(?:[#>]|[+-](?=[ -]|$)|\d+[.)](?= |$))")  # heading, quote, list, rule
+
+
+def md_text(s: Any, block_start: bool = False, alt: bool = False) -> str:
+    """Text as Markdown that renders as exactly ``s`` (whitespace collapsed), not HTML-escaped: a backslash
+    before each character that would start Markdown syntax (emphasis, code, a table cell, a link; with
+    ``block_start``, text that opens a paragraph or list item, a heading, quote or list marker), and character
+    references only where a renderer would otherwise pass raw HTML through (``<tag ...>``) or decode one
+    (``&amp;``); with ``alt`` (an image's alt text, inside ``![...]``) every bracket. Run names and errors are
+    free text: markup in them is shown, never interpreted."""
+    text = " ".join(str(s).split())
+    text = MD_ALWAYS.sub(r"\\\1", text)
+    text = MD_UNDERSCORE.sub(r"\\_", text)
+    text = MD_ENTITY.sub("&amp;", text)
+    text = MD_TAG.sub(lambda m: m.group(0).replace("<", "&lt;").replace(">", "&gt;"), text)
+    text = (MD_BRACKET if alt else MD_LINK).sub(r"\\\g<0>", text)
+    if block_start and (m := MD_BLOCK_START.match(text)):
+        text = text[: m.end() - 1] + "\\" + text[m.end() - 1 :]
+    return text
 
 
 def render_markdown(blocks: list[Block]) -> str:
@@ -560,20 +584,20 @@ def render_markdown(blocks: list[Block]) -> str:
 
 def _md_block(b: Block) -> str:
     if isinstance(b, Heading):
-        return "#" * b.level + " " + _m(b.text)
+        return "#" * b.level + " " + md_text(b.text)
     if isinstance(b, Para):
-        return _m(b.text)
+        return md_text(b.text, block_start=True)
     if isinstance(b, Bullets):
-        return "\n".join(f"- {_m(i)}" for i in b.items)
+        return "\n".join(f"- {md_text(i, block_start=True)}" for i in b.items)
     if isinstance(b, Table):
-        lines = ["| " + " | ".join(_m(h) for h in b.headers) + " |"]
+        lines = ["| " + " | ".join(md_text(h) for h in b.headers) + " |"]
         lines.append("|" + "|".join("---:" if i in b.numeric else "---" for i in range(len(b.headers))) + "|")
-        lines += ["| " + " | ".join(_m(c) for c in r) + " |" for r in b.rows]
+        lines += ["| " + " | ".join(md_text(c) for c in r) + " |" for r in b.rows]
         return "\n".join(lines)
     if isinstance(b, Fig):
-        return f"![{_m(b.figure.title)}]({b.file_name})\n\n_{_m(b.figure.caption)}_"
+        return f"![{md_text(b.figure.title, alt=True)}]({b.file_name})\n\n_{md_text(b.figure.caption)}_"
     if isinstance(b, Details):
-        return "\n\n".join([f"**{_m(b.summary)}**", *(_md_block(x) for x in b.blocks)])
+        return "\n\n".join([f"**{md_text(b.summary)}**", *(_md_block(x) for x in b.blocks)])
     raise TypeError(f"unknown block {type(b).__name__}")
 
 
@@ -704,7 +728,7 @@ def build_report(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m analysis.report",
         description="Compare lm-ablate runs: tables with 95% CIs, curves, and a self-contained HTML report.",
     )
@@ -725,8 +749,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             group=args.group, offline=args.offline, workers=args.workers,
         )  # fmt: skip
     except AnalysisError as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+        return error(exc)
     print(path)  # last line of stdout, so scripts can take it with `tail -n1`
     return 0
 

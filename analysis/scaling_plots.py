@@ -144,7 +144,8 @@ def multiplier_figure(study: ScalingStudy) -> PlotFigure | None:
     ax.set_yscale("log")
     ax.set_ylim(bottom, top)
     _plain_log_ticks(ax)
-    _style(ax, "", "training compute C of the arm (log)", f"compute multiplier vs {study.baseline} (log)")
+    # the baseline is named in the title, which wraps: a y label as long as an arm's name would be cut off
+    _style(ax, "", "training compute C of the arm (log)", "compute multiplier CM (log)")
     _legend(fig, [(label, color_of[label]) for label in labels], extra)
     title = f"Compute multiplier vs {study.baseline}"
     fig.suptitle(_text(title, 90), fontsize=11)

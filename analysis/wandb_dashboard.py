@@ -18,12 +18,12 @@ layout can be checked, and printed, without that package or the network.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from analysis.cli import Parser, error
 from lm_ablate import metrics as M
 
 PANEL_METRICS = (M.TRAIN_LOSS, M.VAL_LOSS, M.GRAD_NORM, M.TOKENS_PER_SEC, M.LOGITS_MAX_ABS)
@@ -92,7 +92,7 @@ def build_workspace(spec: dict) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m analysis.wandb_dashboard",
         description="Create a W&B workspace with panels grouped by the compared config keys.",
     )
@@ -106,27 +106,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         spec = workspace_spec(args.project, args.by, args.group, args.name)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(exc)
     try:
         workspace = build_workspace(spec)
     except ValueError as exc:  # pydantic's ValidationError (e.g. an emoji in --name) is a ValueError
-        print(f"error: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
-        return 2
+        return error(exc, 300)
     except ImportError:
         if args.dry_run:
             print(json.dumps(spec, indent=2))
             return 0
-        print("error: wandb-workspaces is not installed: pip install 'lm-ablate[dashboards]' "
-              "(or --dry-run to print the layout)", file=sys.stderr)  # fmt: skip
-        return 2
+        return error("wandb-workspaces is not installed: pip install 'lm-ablate[dashboards]' (or --dry-run to "
+                     "print the layout)")  # fmt: skip
     if args.dry_run:
         print(json.dumps(workspace._to_model().model_dump(by_alias=True, exclude_none=True), indent=2))
         return 0
     try:
         workspace.save()
     except Exception as exc:
-        print(f"error: saving the workspace failed: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+        error(f"saving the workspace failed: {exc}", 300)
         return 1
     print(workspace.url)
     return 0

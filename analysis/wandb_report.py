@@ -32,7 +32,6 @@ Layout:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.claims import ClaimSet, evaluate_claims, largest_effects, unsteady_speed
+from analysis.cli import Parser, error
 from analysis.compare import ComparisonSet, compare_runs
 from analysis.load import AnalysisError, RunSet
 from analysis.wandb_dashboard import LOG_Y, _parse_project
@@ -193,7 +193,7 @@ def collect(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m analysis.wandb_report",
         description="Publish a study's Findings and Claims, with panels grouped by its compared axes, as a W&B Report.",
     )
@@ -210,24 +210,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         rs, cs, claims = collect(args.project, args.paths, args.group, str(Path(args.cache)), args.offline)
         spec = report_spec(args.project, rs, cs, claims, args.group, args.title)
     except (AnalysisError, ValueError) as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+        return error(exc)
     if args.dry_run:
         print(json.dumps(spec, indent=2, ensure_ascii=False))
         return 0
     try:
         report = build_report_object(spec)
     except ImportError:
-        print("error: wandb-workspaces is not installed: pip install 'lm-ablate[dashboards]' "
-              "(or --dry-run to print the report)", file=sys.stderr)  # fmt: skip
-        return 2
+        return error("wandb-workspaces is not installed: pip install 'lm-ablate[dashboards]' (or --dry-run to "
+                     "print the report)")  # fmt: skip
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        print(f"error: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
-        return 2
+        return error(exc, 300)
     try:
         report.save()
     except Exception as exc:
-        print(f"error: saving the report failed: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+        error(f"saving the report failed: {exc}", 300)
         return 1
     print(report.url)
     return 0

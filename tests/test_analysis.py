@@ -226,7 +226,7 @@ def test_load_statuses_and_problems(sweep):
     assert status["broken"] == "corrupt"  # unreadable config.yaml
     assert "broken" not in rs.configs
     problems = "\n".join(rs.problems)
-    assert re.search(r"\b0: metrics\.jsonl: skipped its last line", problems)
+    assert "0: metrics.jsonl: skipped its last line (truncated write)" in rs.problems  # not also "unreadable"
     assert re.search(r"\b3: no summary\.json", problems)
     assert re.search(r"\b11: summary\.json is unreadable", problems)
     assert re.search(r"broken: config\.yaml is unreadable", problems)
@@ -253,7 +253,24 @@ def test_metrics_duplicates_keep_last_and_nan(tmp_path):
     hist = rs.history["r"]
     assert list(hist.index) == [1, 2, 3] and hist.loc[2, M.TRAIN_LOSS] == 7.0 and math.isnan(hist.loc[3, M.TRAIN_LOSS])
     assert rs.runs[M.STATUS].tolist() == ["incomplete"] and rs.runs[M.DIVERGED_AT].tolist() == [3]
-    assert any("2 line(s)" in p for p in rs.problems)
+    assert "r: metrics.jsonl: skipped 2 unreadable lines: 5, 6" in rs.problems
+
+
+def test_a_run_has_one_status_in_problems_and_runs(tmp_path):
+    """Issue 21.12: a run without summary.json whose config.yaml is unreadable was "incomplete" in the Problems
+    list and "corrupt" in the runs table. The line that decides the status states it, once."""
+    for name, config in (("garbled", "norm: [unclosed\n  : :\n"), ("killed", "norm: {name: rmsnorm}\n")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / M.CONFIG_FILE).write_text(config)
+        (tmp_path / name / M.METRICS_FILE).write_text(json.dumps({"step": 1, "train/loss": 5.0}) + "\n")
+    rs = load_runs([tmp_path])
+    status = dict(zip(rs.runs["run_id"], rs.runs[M.STATUS]))
+    assert status == {"garbled": "corrupt", "killed": "incomplete"}
+    for run_id, run_status in status.items():
+        lines = [p for p in rs.problems if p.startswith(f"{run_id}: ")]
+        said = [s for p in lines for s in re.findall(r"status (\w+)", p)]
+        assert said == [run_status], lines
+    assert "garbled: config.yaml is unreadable; status corrupt; run left out of comparisons" in rs.problems
 
 
 def test_no_runs_is_one_line_error(tmp_path):
@@ -358,12 +375,17 @@ def test_cli(sweep, tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == str((out / "report.html").resolve())
-    bad = subprocess.run(
-        [sys.executable, "-m", "analysis.report", str(tmp_path / "nothing"), "--out", str(out)],
-        check=False, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert bad.stderr.strip().startswith("error: no runs found under:") and len(bad.stderr.strip().splitlines()) == 1
+    (tmp_path / "empty").mkdir()
+    # issue 21.12: every command says "lm-ablate: error:", and a missing path is not an empty one
+    for args, said in (
+        ([str(tmp_path / "nothing"), "--out", str(out)], f"{tmp_path / 'nothing'}: no such directory; give run "),
+        ([str(tmp_path / "empty"), "--out", str(out)], f"no runs found under: {tmp_path / 'empty'}"),
+        ([str(sweep)], "the following arguments are required: --out (see python -m analysis.report --help)"),
+    ):
+        bad = subprocess.run([sys.executable, "-m", "analysis.report", *args], check=False, capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+        assert bad.returncode == 2 and bad.stderr.startswith("lm-ablate: error: " + said), bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1 and not bad.stdout
 
 
 def test_run_killed_before_start_uses_hydra_config(tmp_path):

@@ -32,6 +32,8 @@ from analysis.report import main as report_main
 from analysis.stats import paired
 from lm_ablate import metrics as M
 
+ROOT = Path(__file__).resolve().parent.parent
+
 LRS = (1e-3, 1e-2, 1e-1)
 STEPS = 40
 N_LAYERS = 3
@@ -242,6 +244,16 @@ def test_report_has_lr_section_new_figures_and_parquet(lr_report):
     assert runs.loc["0", L.FIRST_PROBE_PREFIX + M.layer_metric(2, M.GRAD_NORM_LAYER)] == pytest.approx(0.3)
     assert runs.loc["0", L.FIRST_PROBE_STEP] == 1
     assert XSS not in html and XSS not in (out / "report.md").read_text()
+
+
+def test_figure_titles_are_words_not_metric_keys(lr_report):
+    """Issue 21.4: titles read ``optim/grad_norm by norm.name``; the logged keys belong in captions and axes."""
+    md = (lr_report.parent / "report.md").read_text()
+    titles = re.findall(r"^!\[(.*?)\]\(", md, re.M)
+    assert len(titles) == len(list(lr_report.parent.glob("*.png"))) >= 8
+    keys = {M.VAL_LOSS, M.TRAIN_LOSS, M.GRAD_NORM, M.LOGITS_MAX_ABS, M.LOGITS_MEAN_LOG_Z}
+    assert [t for t in titles if any(k in t for k in keys)] == []
+    assert {"validation loss by norm.placement", "gradient norm by optim.lr"} <= set(titles)
 
 
 def test_new_figures_skipped_cleanly_without_their_data(lr_sweep_dir, tmp_path):
@@ -713,18 +725,56 @@ def _chromium() -> str | None:
     return "/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None
 
 
+# Appended to a copy of the report: every table cell whose text reaches outside the cell's own box (text
+# drawn over its neighbours), as [column header, cell text, cell left, right, text left, right] in CSS pixels.
+LAYOUT_PROBE = """<script>
+(() => {
+  const out = [];
+  for (const cell of document.querySelectorAll('td, th')) {
+    const box = cell.getBoundingClientRect();
+    const range = document.createRange();
+    range.selectNodeContents(cell);
+    for (const r of range.getClientRects()) {
+      if (r.width > 0 && (r.right > box.right + 1 || r.left < box.left - 1)) {
+        const header = cell.closest('table').rows[0].cells[cell.cellIndex];
+        out.push([header ? header.textContent : '', cell.textContent.slice(0, 100), box.left, box.right,
+                  r.left, r.right].map((v) => (typeof v === 'number' ? Math.round(v) : v)));
+        break;
+      }
+    }
+  }
+  const pre = document.createElement('pre');
+  pre.id = 'layout-probe';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+</script>"""
+
+
+def _browse(browser: str, page: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / f"profile{len(list(tmp_path.glob('profile*')))}"
+    return subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()],
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+
+
+def cells_outside_their_columns(browser: str, report: Path, tmp_path: Path, width: int = 1280) -> list[list]:
+    """The table cells whose text the browser draws outside the cell (over the next column), at ``width``."""
+    import html
+
+    page = tmp_path / f"probe_{report.parent.name}.html"
+    page.write_text(report.read_text().replace("</body>", LAYOUT_PROBE + "\n</body>"))
+    done = _browse(browser, page, tmp_path, f"--window-size={width},2000", "--dump-dom")
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.search(r'<pre id="layout-probe">(.*?)</pre>', done.stdout, re.S)
+    assert found, done.stdout[-2000:]
+    return json.loads(html.unescape(found.group(1)))
+
+
 def test_report_renders_in_headless_chromium(lr_report, tmp_path):
     browser = _chromium()
     if browser is None:
         pytest.skip("no chromium binary (Debian: apt-get install -y chromium): browser rendering not checked")
-    url = lr_report.as_uri()
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        profile = tmp_path / f"profile{len(list(tmp_path.iterdir()))}"
-        return subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url],
-                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-
-    dom = run("--dump-dom")
+    dom = _browse(browser, lr_report, tmp_path, "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
     console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
     assert not console, console
@@ -732,13 +782,101 @@ def test_report_renders_in_headless_chromium(lr_report, tmp_path):
     assert dom.stdout.count("<table>") == lr_report.read_text().count("<table>") >= 6
     assert dom.stdout.count("<img ") == len(list(lr_report.parent.glob("*.png")))
     shot = tmp_path / "shot.png"
-    done = run("--window-size=1280,2000", f"--screenshot={shot}")
+    done = _browse(browser, lr_report, tmp_path, "--window-size=1280,2000", f"--screenshot={shot}")
     assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
     from matplotlib.image import imread
 
     pixels = imread(shot)[..., :3]
     assert pixels.shape[:2] == (2000, 1280)
     assert pixels.std() > 0.05 and (pixels.mean(axis=2) < 0.5).mean() > 0.005  # not blank: text and figures
+    assert cells_outside_their_columns(browser, lr_report, tmp_path) == []
+
+
+@pytest.fixture(scope="module")
+def claims_report(tmp_path_factory) -> Path:
+    """The default study's shape and claims (conf/experiment/norm_2x2.yaml): an "equal within a margin" claim
+    whose effect cell holds both intervals, and claim texts with & and ' in them."""
+    import yaml
+
+    claims = yaml.safe_load((ROOT / "conf" / "experiment" / "norm_2x2.yaml").read_text())["claims"]
+    finals = {("layernorm", "pre"): [2.75, 2.77, 2.79], ("rmsnorm", "pre"): [2.78, 2.85, 2.82],
+              ("layernorm", "post"): [3.30, 3.30, 3.31], ("rmsnorm", "post"): [3.30, 3.29, 3.30]}  # fmt: skip
+    root = tmp_path_factory.mktemp("claims") / "multirun"
+    for job, ((norm, placement), values) in enumerate(finals.items()):
+        for seed, final in enumerate(values):
+            cfg = {"model": {"name": "small", "n_layers": 6}, "norm": {"name": norm, "placement": placement},
+                   "optim": {"name": "adamw", "lr": 1e-2, "warmup_steps": 0}, "seed": seed, "study": "norm_2x2",
+                   "choices": {"norm": norm}, "claims": claims}  # fmt: skip
+            rows = [{M.STEP: s, M.VAL_LOSS: v, M.TRAIN_LOSS: v, M.GRAD_NORM: 1.0} for s, v in
+                    ((0, 5.5), (50, final + 0.3), (100, final))]  # fmt: skip
+            tps = 1000.0 + 30 * seed + 40 * (norm == "rmsnorm")
+            write(root / f"{job * 3 + seed}", cfg, rows, {
+                M.STATUS: M.STATUS_COMPLETED, M.SEED: seed, M.FINAL_VAL_LOSS: final, M.BEST_VAL_LOSS: final,
+                M.MEAN_TOKENS_PER_SEC: tps, M.STEPS: 100, M.GRAD_NORM_SPIKES: 0, M.LOSS_SPIKES: 0})  # fmt: skip
+    return build_report([root], tmp_path_factory.mktemp("claims_report"), workers=1)
+
+
+def test_every_table_cell_stays_inside_its_column(claims_report, tmp_path):
+    """Issue 21.4: the effect cell of an "equal within a margin" claim (both intervals) was drawn over the test
+    and verdict columns (white-space:nowrap in a cell capped at 32em)."""
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no chromium binary (Debian: apt-get install -y chromium): browser layout not checked")
+    assert "; 90% CI [" in claims_report.read_text()  # the long cell is there
+    for width in (1280, 800):
+        assert cells_outside_their_columns(browser, claims_report, tmp_path, width) == [], width
+    # a right-aligned (one-line) cell longer than a column may be widens its column rather than spilling over
+    from analysis.report import Table, render_html
+
+    wide = (tmp_path / "wide") / "report.html"
+    wide.parent.mkdir()
+    number = "+0.0467 [-0.0250, +0.1184]; 90% CI [-0.0020, +0.0953] " * 2
+    wide.write_text(render_html([Table(["text", "number", "next"], [["a " * 80, number, "b"]], frozenset({1}))], "t"))
+    assert cells_outside_their_columns(browser, wide, tmp_path) == []
+
+
+# --- the report as a Markdown renderer reads it ---------------------------------------------------------
+MARKDOWN_TEXTS = [
+    "Zhang & Sennrich 2019's report", "p < 0.001; CM > 1; a<b", XSS, "<script>alert(1)</script>", "<!-- c -->",
+    "&amp; and &#x27; as typed, &", "a | b", "*bold* **x**", "_it_ snake_case_key __init__", "`code`",
+    "~~strike~~ ~x~", "[link](javascript:alert(1))", "![img](x.png)", "[-0.0412, +0.1321]", "# no heading",
+    "> no quote", "- no list", "+ no", "1. no list", "2) no", "---", "back\\slash \\*", "-0.0412", "<http://x.y>",
+    "x_", "_", "a\\",
+]  # fmt: skip
+
+
+def test_markdown_renders_every_text_as_written():
+    """Issue 21.4: report.md was HTML-escaped (&#x27;, &amp;, &gt; in the file). Every block's text, rendered by a
+    CommonMark parser (GFM tables), must read back exactly as written: nothing interpreted, nothing shown twice
+    escaped."""
+    import html
+
+    markdown_it = pytest.importorskip("markdown_it")
+    from analysis.plots import PlotFigure
+    from analysis.report import Bullets, Details, Fig, Heading, Para, Table, render_markdown
+
+    md = markdown_it.MarkdownIt("commonmark").enable(["table", "strikethrough"])
+
+    def shown(text: str) -> str:  # how markdown-it writes plain text into HTML
+        return html.escape(text, quote=False).replace('"', "&quot;")
+
+    for text in MARKDOWN_TEXTS:
+        assert md.render(render_markdown([Para(text)])) == f"<p>{shown(text)}</p>\n", text
+        assert md.render(render_markdown([Heading(2, text)])) == f"<h2>{shown(text)}</h2>\n", text
+        assert md.render(render_markdown([Bullets([text])])) == f"<ul>\n<li>{shown(text)}</li>\n</ul>\n", text
+        cells = re.findall(r"<t[hd]>(.*?)</t[hd]>", md.render(render_markdown([Table(["h", text], [[text, "x"]])])))
+        assert cells == [shown("h"), shown(text), shown(text), "x"], text
+        details = md.render(render_markdown([Details(text, [])]))
+        assert details == f"<p><strong>{shown(text)}</strong></p>\n", text
+        figure = md.render(render_markdown([Fig(PlotFigure("n", text, text, b""), "f.png")]))
+        assert figure == f'<p><img src="f.png" alt="{shown(text)}" /></p>\n<p><em>{shown(text)}</em></p>\n', text
+    assert "\\" not in render_markdown([Table(["effect"], [["rmsnorm − layernorm = -0.0412 [-0.0412, +0.1321]"]])])
+
+
+def test_report_md_holds_text_not_html_entities(claims_report):
+    md = (claims_report.parent / "report.md").read_text()
+    assert "Zhang & Sennrich 2019" in md and "the report's statistics" in md
+    assert not re.search(r"&(?:amp|lt|gt|quot|#x27|#39);", md), re.findall(r".{30}&[#\w]+;.{10}", md)[:3]
 
 
 def test_cli_rejects_bad_source_combinations(tmp_path):

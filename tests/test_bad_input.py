@@ -235,7 +235,7 @@ CASES = [
         "use a new run directory",
     ),
     # --- analysis, study, cost
-    case("report_empty_dir", "report", "{out}/empty --out {out}/report", "no runs found under", "empty"),
+    case("report_missing_dir", "report", "{out}/missing --out {out}/report", "missing: no such directory"),
     case(
         "report_out_not_creatable",
         "report",

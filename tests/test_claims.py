@@ -12,6 +12,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -356,6 +357,20 @@ def test_compute_multiplier_reads_the_scaling_study():
     assert (res.verdict, res.why) == (UNTESTED, "baseline_not_scaling_baseline")
 
 
+def test_an_unbounded_multiplier_interval_is_shown_as_the_scaling_table_shows_it():
+    """Issue 21.4: the Claims table gave the 10x multiplier without its interval when the bootstrap's upper end
+    is ∞ (the baseline never reaches the arm's loss in 2.5% of resamples); the Scaling table shows [0.676×, ∞]."""
+    from analysis.claims_report import effect_text
+    from analysis.scaling_report import with_interval
+
+    c = claim(metric="compute_multiplier", expect="higher", at="10x")
+    unbounded = Effect(1.647, 0.676, math.inf, math.nan, math.nan, math.nan, "bootstrap", 0, 5, 5, math.nan, math.nan)
+    assert effect_text(unbounded, c) == "1.647× [0.676, ∞]"
+    assert effect_text(replace(unbounded, estimate=math.inf), c) == "∞ [0.676, ∞]"
+    assert effect_text(replace(unbounded, high95=math.nan), c) == "1.647×"  # no upper end: no interval
+    assert with_interval(1.647, 0.676, math.inf).endswith(", ∞]")
+
+
 def test_extrapolation_attention_logit_and_spike_metrics():
     """Per-run values of the remaining metrics, each written out: val/loss@4x - final val loss; the largest
     attention logit over the history; spikes per 1000 steps."""
@@ -594,6 +609,7 @@ def test_heatmap_marks_stalled_runs_and_renders(grid):
     assert (rows.name, cols.name) == ("model.n_layers", "optim.lr")
     (fig,) = heatmap_figures(rs, comp)
     assert fig.png.startswith(b"\x89PNG") and "stalled" in fig.caption
+    assert fig.title == "norm.placement: final validation loss, arm − baseline, by model.n_layers × optim.lr"
     stall = {r for r in rs.configs if stalled(rs.history[r])}
     expected = {r for r, c in rs.configs.items() if c["norm.placement"] == "post" and c["model.n_layers"] == 4
                 and c["optim.lr"] == 1e-2}  # fmt: skip

@@ -402,6 +402,34 @@ def test_report_has_scaling_section_figures_and_tables(tmp_path):
     assert (out.parent / "scaling.parquet").is_file() and len(pd.read_csv(out.parent / "scaling_rungs.csv")) == 10
 
 
+def _cut_edges(fig) -> list[str]:
+    """The edges of a figure past which something drawn reaches (cut off in the PNG): the tight box of every
+    artist drawn (titles, labels, tick labels, legend) against the figure's own box."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    drawn = fig.get_tightbbox(canvas.get_renderer())
+    width, height = fig.get_size_inches()
+    edges = {"left": drawn.x0 < -0.01, "bottom": drawn.y0 < -0.01, "right": drawn.x1 > width + 0.01,
+             "top": drawn.y1 > height + 0.01}  # fmt: skip
+    return [edge for edge, cut in edges.items() if cut]
+
+
+def test_scaling_figures_keep_every_label_inside(noisy, monkeypatch):
+    """Issue 21.4: the multiplier figure's y label (it names the baseline) was cut at the top of the image."""
+    from dataclasses import replace
+
+    from analysis import scaling_plots
+
+    drawn = []
+    monkeypatch.setattr(scaling_plots, "_png", lambda fig: drawn.append(fig) or b"")
+    long_baseline = "activation.name=gelu, model.parametrization=sp, norm.placement=pre, optim.name=adamw"
+    figures = scaling_plots.scaling_figures(replace(noisy, baseline=long_baseline))
+    assert [f.name for f in figures] == ["scaling_loss-vs-compute", "scaling_compute-multiplier"]
+    assert [_cut_edges(fig) for fig in drawn] == [[], []]
+
+
 def test_no_scaling_section_without_size(tmp_path):
     for job, (arm, s) in enumerate((a, s) for a in ARMS for s in range(2)):
         write_one(tmp_path / "runs", job, arm, 2, s, 2.0 + 0.01 * s)

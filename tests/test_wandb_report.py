@@ -85,6 +85,14 @@ def test_cli_dry_run_prints_the_spec_and_bad_input_is_one_line(runs, tmp_path, c
     assert printed["blocks"][0] == {"type": "h1", "text": "Findings"} and printed["title"] == "lm-ablate: prepost"
     assert main(["--project", "noslash", str(runs), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: --project must look like ENTITY/PROJECT") and "\n" not in err
+    assert err.startswith("lm-ablate: error: --project must look like ENTITY/PROJECT") and "\n" not in err
     assert main(["--project", "team/proj", str(tmp_path / "nothing"), "--dry-run"]) == 2
-    assert capsys.readouterr().err.startswith("error: no runs found under: ")
+    assert capsys.readouterr().err.startswith(f"lm-ablate: error: {tmp_path / 'nothing'}: no such directory")
+    (tmp_path / "empty").mkdir()
+    assert main(["--project", "team/proj", str(tmp_path / "empty"), "--dry-run"]) == 2
+    assert capsys.readouterr().err.startswith("lm-ablate: error: no runs found under: ")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--dry-run"])
+    assert exit_.value.code == 2
+    required = "the following arguments are required: --project"
+    assert capsys.readouterr().err == f"lm-ablate: error: {required} (see python -m analysis.wandb_report --help)\n"
