@@ -8,7 +8,8 @@
 study after the other and appends each one's wall time, thread count and load average to runs/gallery/times.txt
 (time it on an otherwise idle machine; ``--threads 1`` adds ``train.threads=1``, for two ``run`` commands side by
 side, one core each). ``build`` only reads the run records, so the reports can be rebuilt with newer
-analysis code without training again. Figures are re-encoded with a 256-, 128- or 64-colour palette (and
+analysis code without training again; a study without runs keeps its committed folder and rows, and with no runs
+at all ``build`` refuses (exit 2) and writes nothing. Figures are re-encoded with a 256-, 128- or 64-colour palette (and
 then scaled down) when a study's folder would pass FOLDER_LIMIT.
 """
 
@@ -85,13 +86,15 @@ def shrink_figures(folder: Path) -> None:
                 im.quantize(colors=colors, method=Image.Quantize.MEDIANCUT).save(p, optimize=True)
 
 
-def build_study(study: str) -> Path | None:
-    """Rebuild the report of runs/gallery/<study> and copy what results/ keeps; None when it has no runs."""
+def has_runs(study: str) -> bool:
+    return any((RUNS / study).glob("*/summary.json"))
+
+
+def build_study(study: str) -> Path:
+    """Rebuild the report of runs/gallery/<study> and copy what results/ keeps into results/<study>."""
     from analysis.report import build_report
 
     runs = RUNS / study
-    if not any(runs.glob("*/summary.json")):
-        return None
     report = runs / "report"
     build_report([runs], report, title=study)
     target = RESULTS / study
@@ -107,6 +110,8 @@ def build_study(study: str) -> Path | None:
 
 
 def _number(x: float, ratio: bool) -> str:
+    if x == math.inf:
+        return "∞"  # a compute multiplier's bootstrap can reach it (the Scaling table shows it so)
     if not math.isfinite(x):
         return "–"
     return f"{x:.3g}x" if ratio else f"{x:+.4f}"
@@ -139,29 +144,50 @@ def claim_rows(study: str, claims: pd.DataFrame) -> list[str]:
     return rows
 
 
+def committed_times() -> dict[str, str]:
+    """study -> its row of the wall-time table in the results/README.md on disk (kept for studies not rebuilt)."""
+    path = RESULTS / "README.md"
+    text = path.read_text() if path.exists() else ""
+    rows = text.split("## Wall time of each study", 1)[1].splitlines() if "## Wall time" in text else []
+    first_cell = {row.split("|")[1].strip(): row for row in rows if row.startswith("| ")}
+    return {study: row for study, row in first_cell.items() if study in STUDIES}
+
+
 def build(studies: list[str]) -> int:
+    """Rebuild results/<study> for each of ``studies`` that has runs, then results/README.md over every study in
+    results/: claims from each results/<study>/claims.csv, wall times from runs/gallery/times.txt for the studies
+    rebuilt now and from the README before for the others. Refused in one line, with nothing written, when none
+    of ``studies`` has runs (a fresh clone): the committed results are never replaced by an empty table."""
+    ready = [s for s in studies if has_runs(s)]
+    if not ready:
+        print(f"lm-ablate: error: no runs under {RUNS} for {', '.join(studies)}: nothing to rebuild, results/ left "
+              "as committed (python scripts/gallery.py run trains them)", file=sys.stderr)  # fmt: skip
+        return 2
+    timing, kept_times = times(), committed_times()
     RESULTS.mkdir(exist_ok=True)
-    timing = times()
-    table, built = [], []
     for study in studies:
-        target = build_study(study)
-        if target is None:
-            print(f"gallery: {study}: no runs under {RUNS / study}", file=sys.stderr)
+        if study not in ready:
+            print(f"gallery: {study}: no runs under {RUNS / study}; results/{study} kept as it is", file=sys.stderr)
             continue
-        built.append(study)
-        if (target / "claims.csv").exists():
-            table += claim_rows(study, pd.read_csv(target / "claims.csv"))
+        target = build_study(study)
         size = sum(p.stat().st_size for p in target.glob("*.png"))
         print(f"gallery: {study}: {target} ({size / 1e6:.2f} MB of figures)")
+    shown = [s for s in STUDIES if (RESULTS / s).is_dir()]
+    table = []
+    for study in shown:
+        if (RESULTS / study / "claims.csv").exists():
+            table += claim_rows(study, pd.read_csv(RESULTS / study / "claims.csv"))
     verdicts = [line.split("**")[1] for line in table]
     counts = ", ".join(f"{v}: {verdicts.count(v)}" for v in dict.fromkeys(sorted(verdicts)))
     timed = []
-    for s in built:
-        if s in timing:
+    for s in shown:
+        if s in ready and s in timing:
             t = timing[s]
             exit_note = "" if t.get("rc") == "0" else f" (exit {t.get('rc')})"
             timed.append(f"| {s} | {float(t['seconds']) / 60:.1f} min{exit_note} | {t.get('threads', 'default')} | "
                          f"{t['load']} |")  # fmt: skip
+        elif s in kept_times:
+            timed.append(kept_times[s])
     text = "\n".join(
         [
             "# Results gallery",

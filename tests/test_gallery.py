@@ -63,6 +63,8 @@ def test_claim_rows_show_the_effect_interval_and_each_context(gallery):
     ratio = gallery.claim_rows("s", pd.DataFrame([_claim(null=1, estimate=1.418, low95=1.25, high95=1.685,
                                                         notes="beyond_validated_range")]))  # fmt: skip
     assert "1.42x [1.25x, 1.69x] (beyond validated range)" in ratio[0]
+    unbounded = gallery.claim_rows("s", pd.DataFrame([_claim(null=1, estimate=1.647, low95=0.676, high95=math.inf)]))
+    assert "| 1.65x [0.676x, ∞] |" in unbounded[0]  # as the Scaling table shows it (issue 21.4)
     missing = gallery.claim_rows("s", pd.DataFrame([_claim(estimate=math.nan, why="no runs")]))
     assert "| – (no runs) |" in missing[0]
     two = gallery.claim_rows(
@@ -101,3 +103,47 @@ def test_shrink_figures_brings_a_folder_under_the_limit_and_leaves_small_folders
             widths[p.name] = im.width
     assert widths["lr_optim.lr_lr-sweep_1.png"] == 300  # a summary figure keeps its pixel size
     assert all(165 <= widths[n] < 300 for n in names[:3])  # the per-axis panels shrink, to 55% at most
+
+
+@pytest.fixture
+def committed(gallery, tmp_path, monkeypatch):
+    """results/ as committed (README.md and every claims.csv) in a scratch folder, and no runs at all."""
+    import shutil
+
+    results = tmp_path / "results"
+    for path in [ROOT / "results" / "README.md", *(ROOT / "results").glob("*/claims.csv")]:
+        (results / path.relative_to(ROOT / "results")).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, results / path.relative_to(ROOT / "results"))
+    monkeypatch.setattr(gallery, "RESULTS", results)
+    return results
+
+
+def test_build_without_runs_refuses_and_leaves_the_committed_results(gallery, committed, capsys):
+    """Issue 21.5: in a fresh clone ``build`` replaced results/README.md by an empty table (exit 0)."""
+    before = {p: p.read_bytes() for p in committed.rglob("*") if p.is_file()}
+    assert gallery.build(gallery.STUDIES) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lm-ablate: error: no runs under ") and err.count("\n") == 1
+    assert {p: p.read_bytes() for p in committed.rglob("*") if p.is_file()} == before
+
+
+def test_build_of_one_study_keeps_every_other_studys_rows(gallery, committed, monkeypatch, capsys):
+    readme = (committed / "README.md").read_text()
+    claims = pd.read_csv(committed / "norm_2x2" / "claims.csv")
+
+    def rebuilt(study):  # what a rebuild from runs would leave: here one verdict changed
+        assert study == "norm_2x2"
+        changed = claims.copy()
+        changed.loc[changed["claim_id"] == "rmsnorm_faster", ["verdict", "claim_verdict"]] = "held"
+        changed.to_csv(committed / study / "claims.csv", index=False)
+        return committed / study
+
+    monkeypatch.setattr(gallery, "has_runs", lambda study: study == "norm_2x2")
+    monkeypatch.setattr(gallery, "build_study", rebuilt)
+    assert gallery.build(["norm_2x2"]) == 0
+    after = (committed / "README.md").read_text()
+    changed = [(a, b) for a, b in zip(readme.splitlines(), after.splitlines()) if a != b]
+    assert len(readme.splitlines()) == len(after.splitlines()) and len(changed) == 2
+    assert changed[0][1].startswith("**37 claims**: contradicted: 5, held: 15, inconclusive: 14, mixed: 3.")
+    assert "RMSNorm trains faster" in changed[1][1] and "| **held** |" in changed[1][1]
+    assert "| norm_2x2 | " in after.split("## Wall time")[1]  # its time row kept: no new time was recorded
