@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -90,10 +91,11 @@ def coord_data(
     ``base_width`` (mup's ``model.mup_base_width``) defaults to the smallest width."""
     base = base_width or min(widths)
     arms = [
-        compose([*overrides, f"model.d_model={width}", f"model.parametrization={name}", f"model.mup_base_width={base}"])
+        compose([*overrides, f"model.d_model={width}", f"model.parametrization={name}",
+                 *([f"model.mup_base_width={base}"] if name == "mup" else [])])  # sp has no base width
         for name in parametrizations
         for width in widths
-    ]
+    ]  # fmt: skip
     for cfg in arms:  # every arm is accepted or refused before anything trains
         validate(cfg)
     if arms[0].train.threads:
@@ -152,23 +154,53 @@ def write_csv(rows: Sequence[Coord], path: Path) -> None:
 
 
 def plot(rows: Sequence[Coord], parametrization: str, path: Path) -> None:
-    """RMS against width, one panel per step, one line per layer (Yang et al.'s figure layout)."""
+    """The figure of one parametrization (:func:`figure`) as a PNG at ``path``."""
+    figure(rows, parametrization).savefig(path)
+
+
+# one look per kind of layer (colour family and line style) and one marker per block, so each of the
+# 3 x n_layers + 2 lines can be told from every other: block i's attention, FFN and residual share its marker
+KIND_STYLE = {  # kind -> (colormap shaded by depth, or a fixed colour; line style)
+    "attn": ("Blues", "--"), "ffn": ("Greens", "-."), "block": ("Purples", "-"),
+    "embedding": ("black", "-"), "logits": ("#d62728", "-"),
+}  # fmt: skip
+DEPTH_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "<", ">")
+PANEL_W, PANEL_H, LEFT, GAP, PAD = 2.9, 2.6, 0.65, 0.15, 0.15  # inches
+TOP, BOTTOM = 0.35, 0.5
+
+
+def layer_style(layer: str, n_blocks: int) -> dict[str, Any]:
+    """Colour, line style and marker of a layer's line: ``block3.attn`` -> a blue, dashed, the 4th marker."""
     from matplotlib import colormaps
+
+    head, _, part = layer.partition(".")
+    depth = int(head[len("block") :]) if head.startswith("block") and head[len("block") :].isdigit() else None
+    kind = part or ("block" if depth is not None else layer)
+    color, linestyle = KIND_STYLE.get(kind, ("0.4", ":"))
+    if color in colormaps:  # light (first block) to dark (last block), never white
+        color = colormaps[color](0.45 + 0.5 * (depth or 0) / max(1, n_blocks - 1))
+    marker = DEPTH_MARKERS[depth % len(DEPTH_MARKERS)] if depth is not None else "o" if kind == "embedding" else "*"
+    return {"color": color, "linestyle": linestyle, "marker": marker}
+
+
+def figure(rows: Sequence[Coord], parametrization: str) -> Any:
+    """RMS against width, one panel per step, one line per layer (Yang et al.'s figure layout), the legend to
+    the right of the panels, level with their top; the figure is as wide as panels and legend need."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     mine = [r for r in rows if r.parametrization == parametrization]
     steps = sorted({r.step for r in mine})
     layers = list(dict.fromkeys(r.layer for r in mine))
-    fig = Figure(figsize=(3.2 * len(steps), 3.4), dpi=110)
-    FigureCanvasAgg(fig)
+    n_blocks = sum(1 for layer in layers if layer.startswith("block") and "." not in layer)
+    panels_w = LEFT + PANEL_W * len(steps) + GAP * (len(steps) - 1)
+    fig = Figure(figsize=(panels_w, PANEL_H + TOP + BOTTOM), dpi=110)
+    canvas = FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(steps), sharey=True, squeeze=False)[0]
-    colors = colormaps["viridis"]
     for ax, step in zip(axes, steps):
-        for i, layer in enumerate(layers):
+        for layer in layers:
             pts = sorted((r.width, r.rms) for r in mine if r.step == step and r.layer == layer)
-            style = {"color": "#d62728"} if layer == "logits" else {"color": colors(i / max(1, len(layers) - 1))}
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, lw=1, label=layer, **style)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], ms=4, lw=1.1, label=layer, **layer_style(layer, n_blocks))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"{parametrization}: step {step}" + (" (init)" if step == 0 else ""), fontsize=9)
@@ -176,9 +208,16 @@ def plot(rows: Sequence[Coord], parametrization: str, path: Path) -> None:
         ax.tick_params(labelsize=7)
     axes[0].set_ylabel("activation RMS", fontsize=8)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center right", fontsize=6, frameon=False)
-    fig.subplots_adjust(left=0.06, right=0.86, bottom=0.16, top=0.88, wspace=0.08)
-    fig.savefig(path)
+    legend = fig.legend(handles, labels, loc="upper left", fontsize=7, frameon=False, borderaxespad=0,
+                        handlelength=3)  # fmt: skip
+    legend_w = legend.get_window_extent(canvas.get_renderer()).width / fig.dpi
+    width, height = panels_w + PAD + legend_w + PAD, PANEL_H + TOP + BOTTOM
+    fig.set_size_inches(width, height)
+    top = 1 - TOP / height
+    fig.subplots_adjust(left=LEFT / width, right=panels_w / width, bottom=BOTTOM / height, top=top,
+                        wspace=GAP / PANEL_W)  # fmt: skip
+    legend.set_bbox_to_anchor(((panels_w + PAD) / width, top), transform=fig.transFigure)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
