@@ -24,7 +24,7 @@
 #   LM_ABLATE_GPU_OUT       the folder for the four files above (default: outputs/gpu_check/<date_time>)
 #   LM_ABLATE_GPU_PYTHON    the interpreter (default: .venv/bin/python if there, else python3)
 #   LM_ABLATE_GPU_WHEELS    the kit (default: .gpu_wheels, made by scripts/gpu_wheels.py)
-#   LM_ABLATE_GPU_SITE      where the kit is installed (default: a new folder under ${TMPDIR:-/tmp})
+#   LM_ABLATE_GPU_SITE      where the kit is installed (default: a new folder under ${TMPDIR:-/tmp}, removed at the end)
 #   LM_ABLATE_GPU_PROBE     the modules that must import, else the kit is installed (default: lm_ablate.train pytest)
 #   LM_ABLATE_GPU_BUDGET_S  seconds for the whole check (default 540); the tests get at most LM_ABLATE_GPU_TESTS_S
 #                           (default 300), the benchmark what is left (at least 60)
@@ -75,6 +75,8 @@ check() {
     fi
     if [ -z "$site" ]; then
       site=$(mktemp -d "${TMPDIR:-/tmp}/lm_ablate_gpu_site.XXXXXX") || return 2
+      # shellcheck disable=SC2064 # the folder's name now: the variable is gone when the trap runs
+      trap "rm -rf '$site'" EXIT
     fi
     echo "== gpu_check: $imports failed: installing $(compgen -G "$wheels/*.whl" | wc -l) wheels from $wheels offline into $site"
     if ! "$py" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \

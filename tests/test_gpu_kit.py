@@ -181,8 +181,8 @@ def checkout(tmp_path) -> Path:
     return repo
 
 
-def gpu_check(repo: Path, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    base = {
+def base_env(tmp_path: Path) -> dict[str, str]:
+    return {
         "LM_ABLATE_GPU_PYTHON": sys.executable,
         "LM_ABLATE_GPU_OUT": str(tmp_path / "out"),
         "LM_ABLATE_GPU_SITE": str(tmp_path / "site"),
@@ -190,7 +190,10 @@ def gpu_check(repo: Path, tmp_path: Path, **env: str) -> subprocess.CompletedPro
         "LM_ABLATE_GPU_PROBE": "fakekit_probe",
         "PIP_NO_INDEX": "1",
     }
-    full = {k: v for k, v in os.environ.items() if not k.startswith("LM_ABLATE_GPU_")} | base | env
+
+
+def gpu_check(repo: Path, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("LM_ABLATE_GPU_")} | base_env(tmp_path) | env
     return subprocess.run(
         ["bash", str(repo / "scripts" / "gpu_check.sh")], env=full, capture_output=True, text=True, timeout=120
     )
@@ -222,6 +225,25 @@ def test_gpu_check_installs_the_kit_offline_when_the_project_is_not_importable(c
     assert (tmp_path / "site" / "fakekit_probe" / "__init__.py").is_file()
     assert files_in(tmp_path / "out") == {"gpu_check.log"}
     assert files_in(checkout) == before
+
+
+def test_gpu_check_removes_the_scratch_site_it_made(checkout, tmp_path):
+    """Without LM_ABLATE_GPU_SITE the kit goes into a new folder under $TMPDIR, removed when the check ends."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("with CUDA the check would go on to run the GPU tests")
+    fake_wheel(tmp_path / "kit")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LM_ABLATE_GPU_")} | base_env(tmp_path)
+    del env["LM_ABLATE_GPU_SITE"]
+    env["TMPDIR"] = str(scratch)
+    script = checkout / "scripts" / "gpu_check.sh"
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"offline into {scratch}/lm_ablate_gpu_site." in done.stdout
+    assert list(scratch.glob("lm_ablate_gpu_site.*")) == []
 
 
 def test_gpu_check_uses_what_is_importable_without_installing(checkout, tmp_path):
