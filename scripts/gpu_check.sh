@@ -122,15 +122,17 @@ EOF
 
   echo "== gpu_check: tests (pytest -m gpu tests/test_gpu.py), at most $tests_s s"
   local tests=0 bench=0
-  timeout "$tests_s" "$py" -m pytest -m gpu -v --durations=10 -p no:xdist -p no:cacheprovider \
+  timeout -k 10 "$tests_s" "$py" -m pytest -m gpu -v --durations=10 -p no:xdist -p no:cacheprovider \
     --junitxml="$OUT/junit.xml" tests/test_gpu.py || tests=$?
-  echo "== gpu_check: tests finished with status $tests after $((SECONDS - start)) s"
+  [ "$tests" -eq 0 ] || echo # a test cut off by the timeout leaves its line open
+  echo "== gpu_check: tests finished with status $tests$([ "$tests" -ne 124 ] || echo ' (timed out)') after $((SECONDS - start)) s"
 
   local left=$((budget - (SECONDS - start)))
   [ "$left" -ge 60 ] || left=60
   echo "== gpu_check: benchmark (python bench/gpu.py $*), at most $left s"
-  timeout "$left" "$py" bench/gpu.py --out "$OUT/bench.md" "$@" || bench=$?
-  echo "== gpu_check: benchmark finished with status $bench; total $((SECONDS - start)) s; files in $OUT"
+  timeout -k 10 "$left" "$py" bench/gpu.py --out "$OUT/bench.md" "$@" || bench=$?
+  [ "$bench" -eq 0 ] || echo
+  echo "== gpu_check: benchmark finished with status $bench$([ "$bench" -ne 124 ] || echo ' (timed out)'); total $((SECONDS - start)) s; files in $OUT"
   if [ "$tests" -ne 0 ] || [ "$bench" -ne 0 ]; then
     return 1
   fi
