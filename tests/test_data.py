@@ -360,3 +360,164 @@ def test_corpus_shorter_than_context(tmp_path: Path) -> None:
     assert "model.context=128" in str(info.value) and f"only {len(d.train)} tokens" in str(info.value)
     with pytest.raises(DataError, match="model.context"):
         get_batch(d.val, 2, 128, seed=0, step=0)
+
+
+# ------------------------------------------------------------------------- refused runs leave nothing
+
+
+class _Hub:
+    """A stand-in hub on a local port that answers every request 503 (the hub down), counting the requests
+    for ``repo``'s files; or, with ``down=True``, a port nobody listens on (no network)."""
+
+    def __init__(self, repo: str, down: bool = False):
+        import http.server
+        import socket
+        import threading
+
+        self.repo, self.requests = repo, []
+        if down:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.port = s.getsockname()[1]  # closed again at once: connections are refused
+            self.server = None
+            return
+        hub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _unavailable(self) -> None:
+                if self.path.startswith(f"/{hub.repo}/"):
+                    hub.requests.append(f"{self.command} {self.path}")
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_HEAD = _unavailable
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+@pytest.mark.parametrize("down", [False, True], ids=["hub_503", "no_network"])
+def test_a_hub_tokenizer_without_network_is_one_try_one_line_and_writes_nothing(tmp_path: Path, down: bool) -> None:
+    """Issue 21.6: 23 retry lines over 34 s, and the refused launch left train.log in its run folder."""
+    import os
+    import subprocess
+    import sys
+
+    hub = _Hub("gpt2", down=down)
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "0",
+        "HF_ENDPOINT": f"http://127.0.0.1:{hub.port}",
+        "HF_HOME": str(tmp_path / "hf"),
+    }
+    cmd = [sys.executable, "-m", "lm_ablate.train", "debug=smoke", "data.tokenizer=pretrained"]
+    cmd += ["data.tokenizer_path=gpt2", f"hydra.run.dir={run}", f"data.cache_dir={cache}", "train.threads=1"]
+    try:
+        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        hub.close()
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+    assert (
+        lines[0].startswith("lm-ablate: error: data.tokenizer_path='gpt2' is invalid: ") and "no network?" in lines[0]
+    )
+    if not down:
+        assert hub.requests == ["HEAD /gpt2/resolve/main/tokenizer.json"]  # one try, no retry
+    assert not run.exists() and not cache.exists()
+
+
+def test_a_cached_hub_tokenizer_is_read_without_asking_the_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hub tokenizer downloaded once is read from the HF cache: no request to the hub, online or not."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    from lm_ablate.data.tokenizers import load_pretrained
+
+    repo = cache_hub_repo(Path(constants.HF_HUB_CACHE), "someone/tok")
+    assert try_to_load_from_cache("someone/tok", "tokenizer.json") == str(repo / "tokenizer.json")
+    hub = _Hub("someone/tok")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    endpoint = f"http://127.0.0.1:{hub.port}"  # read at import by both names: both are set
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    try:
+        tok = load_pretrained("someone/tok")
+    finally:
+        hub.close()
+    assert hub.requests == []
+    assert tok.eos == "<|endoftext|>" and tok.vocab_size == tok.tok.get_vocab_size()
+
+
+def cache_hub_repo(cache: Path, repo: str) -> Path:
+    """A repo's snapshot in the HF cache layout (models--<owner>--<name>/snapshots/<commit>, refs/main), holding a
+    small BPE's tokenizer.json, as a first download leaves it."""
+    root = cache / f"models--{repo.replace('/', '--')}"
+    snapshot = root / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text("0" * 40)
+    D.BPETokenizer.train(["to be or not to be"] * 10, 300).tok.save(str(snapshot / "tokenizer.json"))
+    return snapshot
+
+
+def test_refused_and_finished_fills_leave_no_lock_file_nor_empty_entry(tmp_path: Path) -> None:
+    """Issue 21.12: every refused data run left a ``<key>.lock`` (and an empty entry folder) in the cache."""
+    few = tmp_path / "few.txt"
+    few.write_text("\n\n".join(f"paragraph {i}" for i in range(10)))  # 5% of 10 documents: none held out
+    for tokenizer in ("byte", "bpe"):
+        error(hf_cfg(tmp_path, few, tokenizer=tokenizer, vocab_size=300), "data.val_fraction=0.05", "holds out none")
+    cache = tmp_path / "cache"
+    assert [p for p in cache.rglob("*") if not p.is_dir()] == []  # (the BPE's training read the same documents)
+    assert list((cache / "tokens").iterdir()) == []
+    many = tmp_path / "many.txt"
+    many.write_text("\n\n".join(f"paragraph {i}" for i in range(100)))
+    load_data(hf_cfg(tmp_path, many, tokenizer="bpe", vocab_size=300))
+    assert not list((tmp_path / "cache").rglob("*.lock"))
+
+
+def _hold(path: str, log: str, rounds: int) -> None:
+    """In a process of its own: take the lock ``rounds`` times, writing when it enters and leaves."""
+    from lm_ablate.data.cache import locked
+
+    for _ in range(rounds):
+        with locked(Path(path)):
+            with open(log, "a") as f:
+                f.write("in\n")
+            time.sleep(0.02)
+            with open(log, "a") as f:
+                f.write("out\n")
+
+
+def test_the_lock_excludes_while_its_file_comes_and_goes(tmp_path: Path) -> None:
+    """The holder removes the lock file on release; waiters that locked the removed file must not enter
+    beside the next holder of the new one (they check that the path is still their file)."""
+    import multiprocessing
+
+    lock, log = tmp_path / "x.lock", tmp_path / "log"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_hold, args=(str(lock), str(log), 15)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * 4
+    assert log.read_text() == "in\nout\n" * 60  # never two inside at once
+    assert not lock.exists()
+
+
+def test_text_field_on_a_txt_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.txt"
+    path.write_text("\n\n".join(f"paragraph {i}" for i in range(40)))
+    msg = error(hf_cfg(tmp_path, path, text_field="content"), "data.text_field='content' is invalid", ".txt")
+    assert "no columns" in msg
+    assert not (tmp_path / "cache").exists()

@@ -316,6 +316,32 @@ def test_pretokenized_corpus_trains_end_to_end(tmp_path: Path) -> None:
     assert summary[M.STATUS] == M.STATUS_COMPLETED and abs(summary[M.FINAL_VAL_LOSS] - math.log(300)) < 0.5
 
 
+@pytest.mark.parametrize("fraction", [0.05, 0.1, 0.07])
+def test_a_single_token_file_holds_out_its_tail(tmp_path: Path, fraction: float) -> None:
+    """Issue 21.7: one file could not train (val_split's error suggested val_split=null, whose error suggested
+    raising val_fraction, which never helps with one shard). Its last round(n x val_fraction) ids are validation."""
+    ids = np.random.default_rng(3).integers(0, 300, 1000).astype(np.uint16)
+    path = write_ids(tmp_path / "corpus.bin", ids)
+    d = load_data(tokens_cfg(tmp_path, path, vocab_size=300, val_split=None, val_fraction=fraction))
+    n_val = {0.05: 50, 0.1: 100, 0.07: 70}[fraction]
+    assert np.array_equal(d.train, ids[: 1000 - n_val]) and np.array_equal(d.val, ids[1000 - n_val :])
+    assert isinstance(d.train, np.memmap) and Path(d.train.filename) == path  # views of the file, no copy
+    other = load_data(tokens_cfg(tmp_path, path, vocab_size=300, val_split=None, val_fraction=0.2))
+    assert other.key != d.key  # another cut is another split
+
+
+def test_a_single_token_file_trains_end_to_end(tmp_path: Path) -> None:
+    from lm_ablate.train import train
+
+    path = write_ids(tmp_path / "corpus.bin", np.random.default_rng(4).integers(0, 300, 5_000))
+    run = compose(
+        ["debug=smoke", "train.max_steps=3", "data=tokens", f"data.path={path}", "data.vocab_size=300"]
+        + ["data.val_split=null", "data.val_fraction=0.2", f"data.cache_dir={tmp_path / 'cache'}", "train.threads=1"]
+    )
+    summary = train(run, tmp_path / "run")
+    assert summary[M.STATUS] == M.STATUS_COMPLETED
+
+
 # ---------------------------------------------------------------------------------------- streaming
 
 
@@ -413,8 +439,13 @@ def test_pretokenized_bad_inputs_are_one_line_naming_the_key(tmp_path: Path) -> 
     )
     only = tmp_path / "only"
     write_ids(only / "train.bin", range(100))
-    error(tokens_cfg(tmp_path, only, vocab_size=300), "data.val_split='val'", "no file named val*", "train.bin")
-    error(tokens_cfg(tmp_path, only, vocab_size=300, val_split=None), "data.val_fraction=0.05", "none of 1 shards")
+    error(tokens_cfg(tmp_path, only, vocab_size=300), "data.val_split='val'", "no file named val*", "train.bin",
+          "data.val_split=null to hold out the last data.val_fraction of its tokens")  # fmt: skip
+    shards = tmp_path / "shards"
+    for i in range(3):
+        write_ids(shards / f"train-{i}.bin", range(100))
+    error(tokens_cfg(tmp_path, shards, vocab_size=300), "data.val_split='val'", "hold out every k-th shard")
+    error(tokens_cfg(tmp_path, shards, vocab_size=300, val_split=None), "data.val_fraction=0.05", "none of 3 shards")
     error(tokens_cfg(tmp_path, tmp_path / "nowhere", vocab_size=300), "data.path=", "no such file or folder")
     (tmp_path / "empty_dir").mkdir()
     error(tokens_cfg(tmp_path, tmp_path / "empty_dir", vocab_size=300), "data.path=", "no .bin or .npy file")

@@ -23,19 +23,25 @@ import time: tokenizer worker processes import this package.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from lm_ablate.data.batching import TokenShards, check_length, get_batch, val_batches
 from lm_ablate.data.cache import FORMAT, clean, fill, locked, open_cached, write_atomic
-from lm_ablate.data.common import DataError, TokenData, absolute, bad, digest, first_line
+from lm_ablate.data.common import DataError, TokenData, absolute, bad, cache_root, digest
 from lm_ablate.data.pretokenized import DTYPES, IdsTokenizer, TokensSource
 from lm_ablate.data.sources import HFSource, ShakespeareSource, TextSource, hold_out, shakespeare_works
-from lm_ablate.data.tokenizers import SEP, BPETokenizer, ByteTokenizer, PretrainedTokenizer, load_pretrained
+from lm_ablate.data.tokenizers import (
+    SEP,
+    BPETokenizer,
+    ByteTokenizer,
+    PretrainedTokenizer,
+    load_pretrained,
+)
 from lm_ablate.registry import DATASETS, TOKENIZERS
 
 __all__ = [  # what the loop, the tests and notebooks import from lm_ablate.data
@@ -95,38 +101,35 @@ def _node(cfg: Any) -> Any:
     return cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
 
 
-def cache_root(cfg: Any) -> Path:
-    cache = absolute(cfg.cache_dir)
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        why = f"cannot create the token cache there ({first_line(e)}); allowed: a writable folder"
-        raise bad("data.cache_dir", cfg.cache_dir, why) from None
-    return cache
-
-
 def load_data(cfg: Any) -> TokenData:
     """Tokenized train/val splits for ``cfg`` (a DataConfig or the ``data`` node of the Hydra config).
 
-    Tokenizes once per (source, split settings, tokenizer) and memory-maps the result thereafter."""
+    Tokenizes once per (source, split settings, tokenizer) and memory-maps the result thereafter. A refused
+    config leaves nothing in the cache: the cache folder is made when first written to, lock files go with
+    their holders, and an entry whose fill failed is removed."""
     cfg = _node(cfg)
     check_config(cfg)
     TOKENIZERS.check("data.tokenizer", cfg.tokenizer)
     source = DATASETS.build(cfg)
-    cache = cache_root(cfg)
     if isinstance(source, TokensSource):
         decoder = load_pretrained(cfg.tokenizer_path) if cfg.tokenizer_path else None
         decoder = decoder or (ByteTokenizer() if cfg.tokenizer == "byte" else IdsTokenizer(cfg.vocab_size))
-        return source.token_data(decoder, cache)
-    tokenizer = TOKENIZERS.get(cfg.tokenizer)(cfg, source, cache)
+        return source.token_data(decoder, cache_root(cfg))
+    tokenizer = TOKENIZERS.get(cfg.tokenizer)(cfg, source, absolute(cfg.cache_dir))
     key = digest({"format": FORMAT, "sep": SEP, "source": source.identity(), "tokenizer": tokenizer.identity()})
-    folder = cache / "tokens" / key
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = cache_root(cfg) / "tokens" / key
+    folder.parent.mkdir(parents=True, exist_ok=True)
     with locked(folder.parent / f"{key}.lock"):
         hit = open_cached(folder)
         if hit is None:
+            folder.mkdir(exist_ok=True)
             clean(folder)
-            counts = fill(source, tokenizer, folder, cfg.num_proc or cpu_cores())
+            try:
+                counts = fill(source, tokenizer, folder, cfg.num_proc or cpu_cores())
+            except BaseException:
+                with contextlib.suppress(OSError):  # what fill wrote is gone: drop the folder unless it holds more
+                    folder.rmdir()
+                raise
             meta = {
                 "format": FORMAT,
                 "key": key,

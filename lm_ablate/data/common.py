@@ -48,6 +48,17 @@ def absolute(path: str) -> Path:
     return Path(to_absolute_path(os.path.expanduser(path)))
 
 
+def cache_root(cfg: Any) -> Path:
+    """``data.cache_dir``, created when first written to (a refused launch creates nothing); one line if it cannot be."""
+    cache = absolute(cfg.cache_dir)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = f"cannot create the token cache there ({first_line(e)}); allowed: a writable folder"
+        raise bad("data.cache_dir", cfg.cache_dir, why) from None
+    return cache
+
+
 def first_line(e: BaseException) -> str:
     """``Type: first line of the message``, so a wrapped library error keeps our messages one line."""
     lines = str(e).strip().splitlines()

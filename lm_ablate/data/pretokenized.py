@@ -7,7 +7,9 @@
 
 ``data.path`` is a file, a folder or a glob. Splits follow the file names: ``data.train_split*`` and
 ``data.val_split*`` (nanoGPT's ``train.bin`` / ``val.bin`` with the defaults of conf/data/tokens.yaml); with
-``data.val_split=null`` every k-th shard (``data.val_fraction``, the :func:`hold_out` rule) is validation.
+``data.val_split=null`` every k-th shard (``data.val_fraction``, the :func:`hold_out` rule) is validation, and a
+single training file is cut instead: its last ``data.val_fraction`` of tokens is validation (:func:`tail_cut`,
+as nanoGPT's data/shakespeare_char/prepare.py splits its one text 90/10).
 The shards of a split are read as one stream (:class:`TokenShards`) in file-name order. Every id is checked
 once against ``data.vocab_size`` by a chunked scan whose result is cached by file identity, so a sweep pays it
 once; the tokenizer is only for printing samples (``data.tokenizer=pretrained`` with ``data.tokenizer_path``).
@@ -115,6 +117,7 @@ class TokensSource:
             raise bad("data.tokenizer", cfg.tokenizer, why)
         if cfg.val_split is None and not 0.0 < cfg.val_fraction < 1.0:
             raise bad("data.val_fraction", cfg.val_fraction, "must be in (0, 1) when data.val_split is null")
+        self.tail: float | None = None  # a single training file: the share of its tokens at the end held out
         self.splits = self._layout(self._files())
 
     def _files(self) -> list[Path]:
@@ -144,10 +147,15 @@ class TokensSource:
         train = [f for f in files if _split_of(f, cfg.train_split)] or [f for f in files if f not in val]
         names = ", ".join(f.name for f in files)
         if cfg.val_split is not None and not val:
-            why = f"no file named {cfg.val_split}* among {names}; name one so, or set data.val_split=null to hold out shards"
+            one = len(files) == 1
+            held = "the last data.val_fraction of its tokens" if one else "every k-th shard (data.val_fraction)"
+            why = f"no file named {cfg.val_split}* among {names}; name one so, or set data.val_split=null to hold out {held}"
             raise bad("data.val_split", cfg.val_split, why)
         if not train:
             raise bad("data.train_split", cfg.train_split, f"no training file among {names}")
+        if cfg.val_split is None and len(train) == 1:  # one file: its tail is validation
+            self.tail = cfg.val_fraction
+            return {"train": train, "val": []}
         if cfg.val_split is None:
             train, val = hold_out(train, cfg.val_fraction, what="shards")
         return {"train": train, "val": val}
@@ -157,12 +165,15 @@ class TokensSource:
         files = {
             split: [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in fs] for split, fs in self.splits.items()
         }
-        return {"source": "tokens", "files": files, "dtype": cfg.dtype, "vocab_size": cfg.vocab_size}
+        ident = {"source": "tokens", "files": files, "dtype": cfg.dtype, "vocab_size": cfg.vocab_size}
+        return ident if self.tail is None else {**ident, "val_tail": self.tail}
 
     def token_data(self, tokenizer: Any, cache: Path) -> TokenData:
         cfg = self.cfg
         arrays = {}
         for split, files in self.splits.items():
+            if not files:  # the validation split of a single file: its tail, cut below
+                continue
             shards = []
             for f in files:
                 arr = open_shard(f, cfg.dtype)
@@ -174,7 +185,16 @@ class TokensSource:
                     raise DataError(f"data.path: file {str(f)!r} holds a negative id ({lo})")
                 shards.append(arr)
             arrays[split] = shards[0] if len(shards) == 1 else TokenShards(shards)
+        if self.tail is not None:
+            arrays["train"], arrays["val"] = tail_cut(arrays["train"], self.tail)
         return TokenData(arrays["train"], arrays["val"], cfg.vocab_size, tokenizer, digest(self.identity()))
+
+
+def tail_cut(ids: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) of one file of n ids: val is its last round(n * fraction) ids, train the ids before them.
+    Both are views of the memmap: nothing is copied."""
+    cut = len(ids) - round(len(ids) * fraction)
+    return ids[:cut], ids[cut:]
 
 
 @DATASETS.register("tokens")

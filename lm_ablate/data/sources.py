@@ -260,6 +260,9 @@ class HFSource(TextSource):
             if f.stat().st_size == 0:
                 raise self._fail(f"file {str(f)!r} is empty")
         self.builder = kinds.pop()
+        if self.builder == "text" and cfg.text_field != "text":  # it would be ignored: say so rather than train
+            why = "a .txt file has no columns (one document per paragraph); it names the text column of .jsonl, .json, .parquet rows and hub datasets"
+            raise bad("data.text_field", cfg.text_field, why)
         if not p.is_dir():
             if cfg.val_split is not None:
                 raise bad("data.val_split", cfg.val_split, "needs a folder of split files or a hub dataset")

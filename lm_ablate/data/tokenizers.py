@@ -2,7 +2,8 @@
 
     option      vocabulary                                            between documents   stored
     byte        the 256 UTF-8 byte values                             the bytes of "\\n\\n"  nothing
-    bpe         data.vocab_size = <|endoftext|> + 256 bytes + merges   <|endoftext|>       cache_dir/tokenizers/
+    bpe         <|endoftext|> + 256 bytes + merges, data.vocab_size    <|endoftext|>       cache_dir/tokenizers/
+                at most (a small corpus runs out of merges sooner)
     pretrained  the tokenizer's (data.tokenizer_path)                  its EOS token       (the user's file)
 
 * ``bpe``: byte-level BPE (Sennrich et al. 2016; GPT-2's byte-level variant and pre-tokenizer, Radford et al.
@@ -10,10 +11,11 @@
   the first ``data.tokenizer_sample`` bytes), so the corpus is never held in memory. Validation text never
   shapes the vocabulary. Same documents and size -> same merges; the JSON file is cached by source identity.
 * ``pretrained``: ``data.tokenizer_path`` is a ``tokenizer.json`` file, a folder (``transformers``
-  ``save_pretrained`` layout) or a hub name such as ``gpt2`` (network, or the HF cache). Vocabulary size and
-  EOS come from it (EOS: ``tokenizer_config.json``'s ``eos_token``, else ``AutoTokenizer``'s, else a
-  well-known name such as ``<|endoftext|>`` or ``</s>``); documents are encoded without BOS or other
-  post-processing, and EOS separates them (as GPT-2 and nanoGPT's prepare.py do).
+  ``save_pretrained`` layout) or a hub name such as ``gpt2`` (the HF cache, else one request to the hub: without
+  a network that is one line at once, not a minute of retries). Vocabulary size and EOS come from it (EOS:
+  ``tokenizer_config.json``'s ``eos_token``, else ``AutoTokenizer``'s, else a well-known name such as
+  ``<|endoftext|>`` or ``</s>``); documents are encoded without BOS or other post-processing, and EOS separates
+  them (as GPT-2 and nanoGPT's prepare.py do).
 * Special-token text inside a document (a literal ``<|endoftext|>``) is encoded as text, never as the id.
 
 Every tokenizer has ``vocab_size``, ``encode(text)``, ``decode(ids)``, ``encode_docs(docs, lead)`` (the ids of
@@ -33,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from lm_ablate.data.common import absolute, bad, digest, first_line, token_dtype
+from lm_ablate.data.common import absolute, bad, cache_root, digest, first_line, token_dtype
 from lm_ablate.registry import TOKENIZERS
 
 SEP = "\n\n"  # byte-level: joins documents; a blank line is what separates works and paragraphs anyway
@@ -230,10 +232,9 @@ def bpe_tokenizer(cfg: Any, source: Any, cache: Path) -> BPETokenizer:
 
     from lm_ablate.data.cache import locked, write_atomic
 
-    if not 257 <= cfg.vocab_size <= 1 << 32:
-        raise bad("data.vocab_size", cfg.vocab_size, "bpe needs 257..2**32 (<|endoftext|> + 256 bytes + merges)")
-    spec = ["bpe", BPE_FORMAT, cfg.vocab_size, cfg.tokenizer_sample, source.identity()]
-    path = cache / "tokenizers" / f"{digest(spec)}.json"
+    check_bpe_size(cfg)
+    path = bpe_path(cfg, source, cache)
+    cache_root(cfg)  # made only now that something is written to it (or one line saying why it cannot be)
     path.parent.mkdir(parents=True, exist_ok=True)
     with locked(path.with_suffix(".lock")):
         if path.exists():
@@ -243,6 +244,18 @@ def bpe_tokenizer(cfg: Any, source: Any, cache: Path) -> BPETokenizer:
         write_atomic(path, lambda f: f.write(blob))
     bpe.path = path
     return bpe
+
+
+def check_bpe_size(cfg: Any) -> None:
+    if not 257 <= cfg.vocab_size <= 1 << 32:
+        raise bad("data.vocab_size", cfg.vocab_size, "bpe needs 257..2**32 (<|endoftext|> + 256 bytes + merges)")
+
+
+def bpe_path(cfg: Any, source: Any, cache: Path) -> Path:
+    """Where the BPE of this request (data.vocab_size, data.tokenizer_sample) on this source is cached. A corpus
+    with fewer distinct merges than the request gives a smaller vocabulary, so its size is read from the file."""
+    spec = ["bpe", BPE_FORMAT, cfg.vocab_size, cfg.tokenizer_sample, source.identity()]
+    return cache / "tokenizers" / f"{digest(spec)}.json"
 
 
 @TOKENIZERS.register("pretrained")
@@ -290,20 +303,49 @@ def load_pretrained(name: str | None) -> PretrainedTokenizer:
 
 
 def _hub_file(name: str) -> Path | None:
-    """The hub repo's tokenizer.json (and tokenizer_config.json beside it), or None if the repo has none."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import RemoteEntryNotFoundError
+    """The hub repo's tokenizer.json (and tokenizer_config.json beside it), or None if the repo has none.
 
-    try:
-        path = Path(hf_hub_download(name, "tokenizer.json"))
-    except RemoteEntryNotFoundError:  # the repo exists and has no such file (Local...: not cached, offline)
-        return None
-    except Exception as e:
-        why = f"no such file or folder, and the hub has no such tokenizer (no network?) [{first_line(e)}]"
-        raise bad("data.tokenizer_path", name, why) from None
-    with contextlib.suppress(Exception):  # optional: where the EOS is named
-        hf_hub_download(name, "tokenizer_config.json")
+    The HF cache first, without the network (a tokenizer downloaded once is read offline, the same file every
+    run). Else ONE metadata request decides: huggingface_hub's own download retries five more times over
+    ~25 s when no local copy exists (file_download.py, ``_ETAG_RETRY_TIMEOUT``), logging each retry, which
+    also made Hydra create the refused run's log file; ``get_hf_file_metadata`` does not retry by default."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.errors import LocalEntryNotFoundError, RemoteEntryNotFoundError
+
+    with _quiet_requests():
+        with contextlib.suppress(LocalEntryNotFoundError):
+            path = Path(hf_hub_download(name, "tokenizer.json", local_files_only=True))
+            with contextlib.suppress(Exception):  # optional: where the EOS is named
+                hf_hub_download(name, "tokenizer_config.json", local_files_only=True)
+            return path
+        try:
+            get_hf_file_metadata(hf_hub_url(name, "tokenizer.json"))  # one HEAD request, HF_HUB_ETAG_TIMEOUT (10 s)
+            path = Path(hf_hub_download(name, "tokenizer.json"))
+        except RemoteEntryNotFoundError:  # the repo exists and has no such file: transformers may convert it
+            return None
+        except Exception as e:
+            why = f"no such file or folder, and the hub has no such tokenizer (no network?) [{first_line(e)}]"
+            raise bad("data.tokenizer_path", name, why) from None
+        with contextlib.suppress(Exception):
+            hf_hub_download(name, "tokenizer_config.json")
     return path
+
+
+@contextlib.contextmanager
+def _quiet_requests() -> Iterator[None]:
+    """huggingface_hub's HTTP client logs every request at INFO: under Hydra that line alone creates the run's
+    log file, which a refused launch must not leave behind. Warnings still pass."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("httpx", "httpx2")]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
 
 
 def _auto(name: str, where: str) -> tuple[Any, dict]:
