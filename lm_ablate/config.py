@@ -3,7 +3,9 @@
 ``conf/train.yaml`` starts its defaults list with ``schema`` (the :class:`Config` below), so every group file
 is merged into a typed node: an unknown key or a wrong type fails at start with Hydra's message naming the
 key. Cross-field rules that types cannot express live in :func:`validate`, which raises :class:`ConfigError`
-with one line naming the key, the value and what is allowed.
+with one line naming the key, the value and what is allowed. A key only some options of its axis read (say
+``optim.momentum``: muon, sgd) is Optional: null where the chosen option does not read it
+(lm_ablate/options.py), its default where it does.
 """
 
 from __future__ import annotations
@@ -20,13 +22,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-
-class ConfigError(ValueError):
-    """A bad configuration value; its message is one line naming key, value and what is allowed."""
-
-
-def bad(key: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"{key}={value!r} is invalid: {allowed}")
+from lm_ablate.errors import ConfigError, bad  # noqa: F401 (re-exported: the schema's users import them here)
 
 
 @dataclass
@@ -44,7 +40,7 @@ class ModelConfig:
     embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017, Gemma)
     logit_softcap: Optional[float] = None  # logits -> c * tanh(logits / c) with c this value (Gemma 2); None = off
     block: str = "serial"  # serial: x + attn, then + ffn | parallel: x + attn(norm x) + ffn(norm x) (GPT-J, PaLM)
-    parallel_norms: int = 1  # parallel block: 1 shared input norm (PaLM, fused input matmul) | 2 (GPT-NeoX)
+    parallel_norms: Optional[int] = 1  # parallel block: 1 shared input norm (PaLM, fused input matmul) | 2 (GPT-NeoX)
     head_bias: bool = False  # additive bias on the LM head, kept apart from a tied weight (GPT-J's lm_head)
     embed_norm: bool = False  # a norm of the norm group's type right after the token embedding (BLOOM)
     # width of the token embeddings and of the LM head's input; when it differs from d_model, bias-free linears
@@ -56,15 +52,18 @@ class ModelConfig:
     # | mup (Yang et al. 2022, for AdamW: optim.lr tuned at mup_base_width transfers to other d_model)
     parametrization: str = "sp"
     mup_base_width: Optional[int] = None  # mup: the d_model at which mup's multipliers are 1; ignored by sp
+    # the vocabulary the run trains with, set by the run from its data before config.yaml is written (256 for bytes,
+    # the trained BPE's size, the pretrained tokenizer's, data.vocab_size for tokens); null on the command line
+    vocab_size: Optional[int] = None
 
 
 @dataclass
 class NormConfig:
     name: str = MISSING  # layernorm | rmsnorm | none
     placement: str = "pre"  # pre | post | sandwich | reordered | deepnorm | rezero (components/placement.py)
-    eps: float = 1e-5  # added to the variance inside the square root
-    bias: bool = True  # LayerNorm's additive bias (ignored by RMSNorm, which has none)
-    unit_offset: bool = False  # rmsnorm only: gain (1 + w) with w initialised at 0, computed in fp32 (Gemma)
+    eps: Optional[float] = 1e-5  # added to the variance inside the square root
+    bias: Optional[bool] = True  # LayerNorm's additive bias (ignored by RMSNorm, which has none)
+    unit_offset: Optional[bool] = False  # rmsnorm only: gain (1 + w) with w initialised at 0, computed in fp32 (Gemma)
     final_norm: Optional[bool] = None  # norm before the LM head; None = the placement's default (see placement.py)
     deepnorm_alpha: Optional[float] = None  # deepnorm residual scale; None = (2 * n_layers)^(1/4) (Wang et al. 2022)
     deepnorm_beta: Optional[float] = None  # deepnorm init gain of V/out/FFN weights; None = (8 * n_layers)^(-1/4)
@@ -73,20 +72,24 @@ class NormConfig:
 @dataclass
 class PositionConfig:
     name: str = MISSING  # none | sinusoidal | learned | rope | alibi | t5
-    theta: float = 10000.0  # rope: base of the angles p * theta^(-2i/r) (Su et al. 2021)
-    fraction: float = 1.0  # rope: rotate only the first r = fraction * head_dim dims of a head (GPT-J/NeoX)
-    layout: str = "half"  # rope pairs: half (i, i + r/2) as HF, NeoX | interleaved (2i, 2i+1) as GPT-J
-    num_buckets: int = 32  # t5: distance buckets, half exact, half log-spaced (Raffel et al. 2020)
-    max_distance: int = 128  # t5: distances from here on share the last bucket
+    theta: Optional[float] = 10000.0  # rope: base of the angles p * theta^(-2i/r) (Su et al. 2021)
+    fraction: Optional[float] = 1.0  # rope: rotate only the first r = fraction * head_dim dims of a head (GPT-J/NeoX)
+    layout: Optional[str] = "half"  # rope pairs: half (i, i + r/2) as HF, NeoX | interleaved (2i, 2i+1) as GPT-J
+    num_buckets: Optional[int] = 32  # t5: distance buckets, half exact, half log-spaced (Raffel et al. 2020)
+    max_distance: Optional[int] = 128  # t5: distances from here on share the last bucket
 
 
 @dataclass
 class ActivationConfig:
     name: str = MISSING  # ungated: relu | gelu | silu | relu2; gated: glu | reglu | geglu | swiglu | bilinear
     d_ff: Optional[int] = None  # hidden width; None = ungated 4*d, gated 8d/3 (the parameters of the ungated 4*d)
-    multiple_of: int = 8  # the derived gated d_ff is rounded up to a multiple of this (hardware-friendly shapes)
+    multiple_of: Optional[int] = (
+        8  # the derived gated d_ff is rounded up to a multiple of this (hardware-friendly shapes)
+    )
     bias: bool = False  # biases on the FFN projections
-    approximate: str = "none"  # GELU form for gelu | geglu: none (exact erf) | tanh (GPT-2); ignored by the others
+    approximate: Optional[str] = (
+        "none"  # GELU form for gelu | geglu: none (exact erf) | tanh (GPT-2); ignored by the others
+    )
 
 
 @dataclass
@@ -95,7 +98,7 @@ class AttentionConfig:
     n_kv_heads: Optional[int] = None  # key/value heads; None = n_heads (MHA), 1 = MQA, in between = GQA
     bias: bool = False  # biases on the q/k/v/out projections
     qk_norm: str = "none"  # RMSNorm of q and k before RoPE: none | per_head (Qwen 3) | whole (OLMo 2)
-    qk_norm_eps: float = 1e-6  # eps of the QK-norm RMSNorms (Qwen 3 and OLMo 2 use 1e-6)
+    qk_norm_eps: Optional[float] = 1e-6  # eps of the QK-norm RMSNorms (Qwen 3 and OLMo 2 use 1e-6)
     softcap: Optional[float] = None  # logit cap c: scores -> c * tanh(scores / c) (Gemma 2: 50); None = off
     scale: Optional[float] = None  # logit scale; None = 1 / sqrt(head_dim)
     window: Optional[int] = None  # local layers: query i sees keys i - window < j <= i; None = all full
@@ -144,30 +147,34 @@ class DataConfig:
 class OptimConfig:
     name: str = MISSING  # adamw | muon | adafactor | sgd (update rules: lm_ablate/optim.py)
     lr: float = 3e-3  # peak learning rate (adafactor: the relative step, scaled by each parameter's RMS)
-    beta1: float = 0.9  # adamw, and muon's AdamW part
-    beta2: float = 0.95  # 0.95 rather than 0.999 is the usual LM choice (GPT-3, LLaMA)
-    eps: float = 1e-8  # adamw (and muon's AdamW part): added to sqrt(v); adafactor: floor of sqrt(v) (torch's eps1)
-    momentum: float = 0.9  # sgd: heavy-ball coefficient; muon: EMA coefficient of its buffer (0.95 in muon.yaml)
-    nesterov: bool = False  # sgd and muon: Nesterov momentum (muon.yaml: true, as Jordan et al. 2024)
-    adjust_lr_fn: str = "match_rms_adamw"  # muon: original (Jordan) | match_rms_adamw (Liu et al. 2025)
-    ns_steps: int = 5  # muon: Newton-Schulz iterations of the orthogonalization
-    muon_lr_scale: float = 1.0  # muon: its groups' LR = this x AdamW's; 1 with match_rms_adamw
-    beta2_decay: float = -0.8  # adafactor: 1 - beta2_t = t^beta2_decay (Shazeer & Stern 2018)
-    eps2: float = 1e-3  # adafactor: floor of the parameter scale, step = max(eps2, RMS(p)) x lr
-    clip_threshold: float = 1.0  # adafactor: the update U is divided by max(1, RMS(U) / clip_threshold)
+    beta1: Optional[float] = 0.9  # adamw, and muon's AdamW part
+    beta2: Optional[float] = 0.95  # 0.95 rather than 0.999 is the usual LM choice (GPT-3, LLaMA)
+    eps: Optional[float] = (
+        1e-8  # adamw (and muon's AdamW part): added to sqrt(v); adafactor: floor of sqrt(v) (torch's eps1)
+    )
+    momentum: Optional[float] = (
+        0.9  # sgd: heavy-ball coefficient; muon: EMA coefficient of its buffer (0.95 in muon.yaml)
+    )
+    nesterov: Optional[bool] = False  # sgd and muon: Nesterov momentum (muon.yaml: true, as Jordan et al. 2024)
+    adjust_lr_fn: Optional[str] = "match_rms_adamw"  # muon: original (Jordan) | match_rms_adamw (Liu et al. 2025)
+    ns_steps: Optional[int] = 5  # muon: Newton-Schulz iterations of the orthogonalization
+    muon_lr_scale: Optional[float] = 1.0  # muon: its groups' LR = this x AdamW's; 1 with match_rms_adamw
+    beta2_decay: Optional[float] = -0.8  # adafactor: 1 - beta2_t = t^beta2_decay (Shazeer & Stern 2018)
+    eps2: Optional[float] = 1e-3  # adafactor: floor of the parameter scale, step = max(eps2, RMS(p)) x lr
+    clip_threshold: Optional[float] = 1.0  # adafactor: the update U is divided by max(1, RMS(U) / clip_threshold)
     warmup_steps: int = 0  # linear warmup from 0 to lr; 0 = start at the peak
     schedule: str = "cosine"  # cosine | constant | wsd | inverse_sqrt (after warmup; optim.py)
-    min_lr_ratio: float = 0.1  # cosine and wsd decay to lr * min_lr_ratio at the last step
-    decay_fraction: float = 0.2  # wsd: share of the steps spent decaying at the end (Hägele et al. 2024)
+    min_lr_ratio: Optional[float] = 0.1  # cosine and wsd decay to lr * min_lr_ratio at the last step
+    decay_fraction: Optional[float] = 0.2  # wsd: share of the steps spent decaying at the end (Hägele et al. 2024)
 
 
 @dataclass
 class TrackingConfig:
     name: str = MISSING  # wandb | none (the local run record is always written)
-    project: str = "lm-ablate"  # W&B project
+    project: Optional[str] = "lm-ablate"  # W&B project
     entity: Optional[str] = None  # W&B entity (user or team); None = the default of the logged-in user
     mode: Optional[str] = None  # online | offline | disabled; None = $WANDB_MODE, else online
-    tags: list[str] = field(default_factory=list)  # extra W&B tags (the axis choices are always added)
+    tags: Optional[list[str]] = field(default_factory=list)  # extra W&B tags (the axis choices are always added)
 
 
 @dataclass
@@ -207,10 +214,14 @@ class LadderConfig:
     for ``tokens_per_param`` x its non-embedding parameters (Hoffmann et al. 2022: 20)."""
 
     name: Optional[str] = None  # cpu | gpu (conf/ladder/); null = no ladder (the model group's size is used)
-    rung: int = 0  # index into rungs of the shape this run trains
-    rungs: list[dict[str, int]] = field(default_factory=list)  # shapes, smallest first: d_model, n_layers, n_heads, ...
-    tokens_per_param: float = 20.0  # token budget per non-embedding parameter (sets train.max_tokens)
-    lr: str = "fixed"  # per-rung LR rule: fixed (optim.lr everywhere) | grid (the sweep crosses optim.lr) | mup
+    rung: Optional[int] = 0  # index into rungs of the shape this run trains
+    rungs: Optional[list[dict[str, int]]] = field(
+        default_factory=list
+    )  # shapes, smallest first: d_model, n_layers, n_heads, ...
+    tokens_per_param: Optional[float] = 20.0  # token budget per non-embedding parameter (sets train.max_tokens)
+    lr: Optional[str] = (
+        "fixed"  # per-rung LR rule: fixed (optim.lr everywhere) | grid (the sweep crosses optim.lr) | mup
+    )
 
 
 @dataclass
@@ -281,6 +292,11 @@ def validate(cfg: DictConfig | Config) -> None:
     PLACEMENTS.check("norm.placement", cfg.norm.placement)
     SCHEDULES.check("optim.schedule", cfg.optim.schedule)
     TOKENIZERS.check("data.tokenizer", cfg.data.tokenizer)
+    from lm_ablate.model import BLOCKS
+    from lm_ablate.options import check as check_options  # each option's keys are its own (lm_ablate/options.py)
+
+    BLOCKS.check("model.block", cfg.model.block)
+    check_options(cfg)
     from lm_ablate.data import check_config as check_data  # data keys' domains live with the data package
 
     check_data(cfg.data)
@@ -289,6 +305,9 @@ def validate(cfg: DictConfig | Config) -> None:
             raise bad(key, value, "must be a finite number")
     for check in (_model, _norm, _position, _activation, _attention, _regularization, _optim, _train):
         check(cfg)
+    from lm_ablate.options import check_identity  # a name its keys contradict (MQA with 2 K/V heads, ...)
+
+    check_identity(cfg)
     from lm_ablate.ladder import check_config as check_ladder  # the ladder's own keys (not its sizes)
 
     check_ladder(cfg)
@@ -347,7 +366,7 @@ def _model(cfg: DictConfig) -> None:
     from lm_ablate.model import BLOCKS  # blocks live with the model, which imports this module
 
     BLOCKS.check("model.block", m.block)
-    if m.parallel_norms not in (1, 2):
+    if m.parallel_norms not in (None, 1, 2):
         raise bad("model.parallel_norms", m.parallel_norms, "allowed: 1 (one shared norm), 2 (one per sublayer)")
     placements = BLOCKS.get(m.block).placements
     if placements is not None and cfg.norm.placement not in placements:
@@ -371,31 +390,31 @@ def _model(cfg: DictConfig) -> None:
 
 def _norm(cfg: DictConfig) -> None:
     n = cfg.norm
-    if n.eps <= 0:
+    if n.eps is not None and n.eps <= 0:
         raise bad("norm.eps", n.eps, "must be > 0")
     for key in ("deepnorm_alpha", "deepnorm_beta"):
         if n[key] is not None and n[key] <= 0:
             raise bad(f"norm.{key}", n[key], "must be > 0 or null (the DeepNet formula)")
-    if n.unit_offset and n.name != "rmsnorm":
-        raise bad("norm.unit_offset", n.unit_offset, f"only rmsnorm has a (1 + w) gain, got norm={n.name}")
 
 
 def _position(cfg: DictConfig) -> None:
     from lm_ablate.components.position import ROPE_LAYOUTS
 
     p, hd = cfg.position, head_dim(cfg.model)
-    ROPE_LAYOUTS.check("position.layout", p.layout)
-    if not p.theta > 0:
+    if p.layout is not None:
+        ROPE_LAYOUTS.check("position.layout", p.layout)
+    if p.theta is not None and not p.theta > 0:
         raise bad("position.theta", p.theta, "must be > 0 (the base of the rope angles p * theta^(-2i/r))")
-    if not 0 < p.fraction <= 1:
-        raise bad("position.fraction", p.fraction, "must be in (0, 1]")
-    dims = p.fraction * hd  # rotated dims per head: whole pairs, at least one
-    if p.name == "rope" and (abs(dims - round(dims)) > 1e-6 or round(dims) % 2 or round(dims) < 2):
-        key, value = ("model.head_dim", hd) if p.fraction == 1 else ("position.fraction", p.fraction)
-        raise bad(key, value, f"rope rotates fraction * model.head_dim = {dims:g} dims: need even >= 2")
-    if p.num_buckets < 2:
+    if p.fraction is not None:
+        if not 0 < p.fraction <= 1:
+            raise bad("position.fraction", p.fraction, "must be in (0, 1]")
+        dims = p.fraction * hd  # rotated dims per head: whole pairs, at least one
+        if abs(dims - round(dims)) > 1e-6 or round(dims) % 2 or round(dims) < 2:
+            key, value = ("model.head_dim", hd) if p.fraction == 1 else ("position.fraction", p.fraction)
+            raise bad(key, value, f"rope rotates fraction * model.head_dim = {dims:g} dims: need even >= 2")
+    if p.num_buckets is not None and p.num_buckets < 2:
         raise bad("position.num_buckets", p.num_buckets, "must be >= 2 (the first half are exact distances)")
-    if p.max_distance <= p.num_buckets // 2:
+    if p.max_distance is not None and p.num_buckets is not None and p.max_distance <= p.num_buckets // 2:
         exact = p.num_buckets // 2
         raise bad("position.max_distance", p.max_distance, f"must be > position.num_buckets // 2 = {exact}")
 
@@ -403,9 +422,9 @@ def _position(cfg: DictConfig) -> None:
 def _activation(cfg: DictConfig) -> None:
     if cfg.activation.d_ff is not None and cfg.activation.d_ff < 1:
         raise bad("activation.d_ff", cfg.activation.d_ff, "must be a positive integer or null (auto)")
-    if cfg.activation.multiple_of < 1:
+    if cfg.activation.multiple_of is not None and cfg.activation.multiple_of < 1:
         raise bad("activation.multiple_of", cfg.activation.multiple_of, "must be a positive integer")
-    if cfg.activation.approximate not in ("none", "tanh"):
+    if cfg.activation.approximate is not None and cfg.activation.approximate not in ("none", "tanh"):
         raise bad("activation.approximate", cfg.activation.approximate, "allowed: none, tanh")
 
 
@@ -416,7 +435,7 @@ def _attention(cfg: DictConfig) -> None:
     if a.n_kv_heads is not None and (a.n_kv_heads < 1 or n_heads % a.n_kv_heads):
         raise bad("attention.n_kv_heads", a.n_kv_heads, f"must be >= 1 and divide model.n_heads={n_heads}")
     QK_NORMS.check("attention.qk_norm", a.qk_norm)
-    if not a.qk_norm_eps > 0:
+    if a.qk_norm_eps is not None and not a.qk_norm_eps > 0:
         raise bad("attention.qk_norm_eps", a.qk_norm_eps, "must be > 0")
     for key in ("softcap", "scale"):
         if a[key] is not None and not a[key] > 0:
@@ -425,6 +444,8 @@ def _attention(cfg: DictConfig) -> None:
         raise bad("attention.window", a.window, "must be a positive integer or null (full attention)")
     if a.global_every < 0:
         raise bad("attention.global_every", a.global_every, "must be >= 0 (0 = every layer local)")
+    if a.global_every and a.window is None:  # nothing to alternate with: it would change nothing
+        raise bad("attention.global_every", a.global_every, "needs attention.window (which layers are local)")
     n_layers = cfg.model.n_layers
     if a.window is not None and a.global_every > n_layers:  # asked for global layers, but none would be
         raise bad(
@@ -448,34 +469,35 @@ def _regularization(cfg: DictConfig) -> None:
 
 def _optim(cfg: DictConfig) -> None:
     o = cfg.optim
+    given = lambda key: o[key] is not None
     if not o.lr > 0:
         raise bad("optim.lr", o.lr, "must be > 0")
-    if not o.eps > 0:  # AdamW divides by sqrt(v) + eps (adafactor floors sqrt(v) at it): v = 0 where a grad is 0
+    if given("eps") and not o.eps > 0:  # AdamW divides by sqrt(v) + eps (adafactor floors sqrt(v) at it)
         raise bad("optim.eps", o.eps, "must be > 0")
     if o.warmup_steps < 0:
         raise bad("optim.warmup_steps", o.warmup_steps, "must be >= 0")
-    if not 0.0 <= o.min_lr_ratio <= 1.0:
+    if given("min_lr_ratio") and not 0.0 <= o.min_lr_ratio <= 1.0:
         raise bad("optim.min_lr_ratio", o.min_lr_ratio, "must be in [0, 1]")
     for key in ("beta1", "beta2"):
-        if not 0.0 <= o[key] < 1.0:
+        if given(key) and not 0.0 <= o[key] < 1.0:
             raise bad(f"optim.{key}", o[key], "must be in [0, 1)")
-    if not 0.0 < o.decay_fraction <= 1.0:
+    if given("decay_fraction") and not 0.0 < o.decay_fraction <= 1.0:
         raise bad("optim.decay_fraction", o.decay_fraction, "must be in (0, 1]")
-    if not 0.0 <= o.momentum < 1.0:
+    if given("momentum") and not 0.0 <= o.momentum < 1.0:
         raise bad("optim.momentum", o.momentum, "must be in [0, 1)")
-    if o.nesterov and o.momentum == 0:
+    if o.nesterov and not o.momentum:
         raise bad("optim.nesterov", o.nesterov, "needs optim.momentum > 0")
-    if o.adjust_lr_fn not in ("original", "match_rms_adamw"):
+    if given("adjust_lr_fn") and o.adjust_lr_fn not in ("original", "match_rms_adamw"):
         raise bad("optim.adjust_lr_fn", o.adjust_lr_fn, "allowed: original, match_rms_adamw")
-    if not 1 <= o.ns_steps < 100:
+    if given("ns_steps") and not 1 <= o.ns_steps < 100:
         raise bad("optim.ns_steps", o.ns_steps, "must be in [1, 100)")
-    if not o.muon_lr_scale > 0:
+    if given("muon_lr_scale") and not o.muon_lr_scale > 0:
         raise bad("optim.muon_lr_scale", o.muon_lr_scale, "must be > 0")
-    if o.beta2_decay > 0:
+    if given("beta2_decay") and o.beta2_decay > 0:
         raise bad("optim.beta2_decay", o.beta2_decay, "must be <= 0 (1 - beta2_t = t^beta2_decay)")
-    if o.eps2 < 0:
+    if given("eps2") and o.eps2 < 0:
         raise bad("optim.eps2", o.eps2, "must be >= 0")
-    if not o.clip_threshold > 0:
+    if given("clip_threshold") and not o.clip_threshold > 0:
         raise bad("optim.clip_threshold", o.clip_threshold, "must be > 0")
 
 
@@ -512,15 +534,24 @@ def to_container(cfg: DictConfig) -> dict:
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
-def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "train") -> DictConfig:
+def compose(
+    overrides: list[str] | tuple[str, ...] = (), config_name: str = "train", refuse_unread: bool = True
+) -> DictConfig:
     """The config ``python -m lm_ablate.train <overrides>`` would run, built without starting a run
-    (tests, notebooks, ``python -m lm_ablate.cost``). ``choices`` is filled as in a real run."""
+    (tests, notebooks, ``python -m lm_ablate.cost``). ``choices`` is filled as in a real run. A key the chosen
+    options do not read is refused when the overrides set it, as on the command line; ``refuse_unread=False``
+    treats the overrides as a file would be (the key is cleared): for translations that write every field
+    they map, such as an HF config's (lm_ablate/hf/)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from lm_ablate.options import explicit_keys, settle
+
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
-    return job_config(cfg)
+    cfg = job_config(cfg)
+    settle(cfg, explicit_keys(overrides) if refuse_unread else ())  # keys the chosen options do not read
+    return cfg
 
 
 def job_config(cfg: DictConfig) -> DictConfig:

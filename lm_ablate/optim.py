@@ -74,13 +74,13 @@ def _adamw(cfg: OptimConfig, groups: list[dict], device: torch.device) -> torch.
     )
 
 
-@OPTIMIZERS.register("adamw")
+@OPTIMIZERS.register("adamw", reads=("beta1", "beta2", "eps"))
 def adamw(cfg: OptimConfig, param_groups: Sequence[dict], device: torch.device) -> torch.optim.Optimizer:
     """AdamW (Loshchilov & Hutter 2019). The fused kernel only on CUDA (the CPU default is already vectorized)."""
     return _named(_adamw(cfg, _groups(cfg, param_groups), device), "adamw")
 
 
-@OPTIMIZERS.register("sgd")
+@OPTIMIZERS.register("sgd", reads=("momentum", "nesterov"))
 def sgd(cfg: OptimConfig, param_groups: Sequence[dict], device: torch.device) -> torch.optim.Optimizer:
     """SGD with heavy-ball momentum (Polyak 1964), Nesterov's with ``nesterov`` (Sutskever et al. 2013)."""
     return _named(
@@ -89,7 +89,7 @@ def sgd(cfg: OptimConfig, param_groups: Sequence[dict], device: torch.device) ->
     )
 
 
-@OPTIMIZERS.register("adafactor")
+@OPTIMIZERS.register("adafactor", reads=("eps", "beta2_decay", "eps2", "clip_threshold"))
 def adafactor(cfg: OptimConfig, param_groups: Sequence[dict], device: torch.device) -> torch.optim.Optimizer:
     """Adafactor (Shazeer & Stern 2018) as torch implements it: factored second moment, no momentum, relative
     step size (``optim.lr`` is rho), update clipping at ``clip_threshold``; ``eps`` floors sqrt(v_hat)."""
@@ -174,10 +174,17 @@ def split_groups(groups: Sequence[dict]) -> tuple[list[dict], list[dict]]:
     return hidden, rest
 
 
-@OPTIMIZERS.register("muon")
+# its own keys, then its AdamW part's
+@OPTIMIZERS.register(
+    "muon", reads=("momentum", "nesterov", "ns_steps", "adjust_lr_fn", "muon_lr_scale", "beta1", "beta2", "eps")
+)
 def muon(cfg: OptimConfig, param_groups: Sequence[dict], device: torch.device) -> Combined:
     """Muon on :func:`is_hidden_matrix` parameters, AdamW (beta1, beta2, eps) on the rest; Muon's groups run at
     ``muon_lr_scale`` x the LR of AdamW's (1 with ``match_rms_adamw``)."""
+    if not hasattr(torch.optim, "Muon"):  # torch.optim.Muon arrived in PyTorch 2.9 (pytorch/pytorch#160213)
+        raise ConfigError(
+            f"optim.name='muon' is invalid: needs torch >= 2.9 for torch.optim.Muon, this is {torch.__version__}"
+        )
     hidden, rest = split_groups(param_groups)
     if not hidden:
         raise ConfigError(f"optim.name='muon' is invalid: no 2-D hidden matrix to orthogonalize ({_listed(rest)})")
@@ -214,7 +221,7 @@ def constant(cfg: OptimConfig, max_steps: int) -> Schedule:
     return lambda step: w if (w := _warmup(cfg, step)) is not None else 1.0
 
 
-@SCHEDULES.register("cosine")
+@SCHEDULES.register("cosine", reads=("min_lr_ratio",))
 def cosine(cfg: OptimConfig, max_steps: int) -> Schedule:
     """After warmup, half a cosine from 1 to min_lr_ratio, reached at the last step."""
 
@@ -229,7 +236,7 @@ def cosine(cfg: OptimConfig, max_steps: int) -> Schedule:
     return at
 
 
-@SCHEDULES.register("wsd")
+@SCHEDULES.register("wsd", reads=("min_lr_ratio", "decay_fraction"))
 def warmup_stable_decay(cfg: OptimConfig, max_steps: int) -> Schedule:
     """Warmup, then the peak, then a linear decay to min_lr_ratio over the last decay_fraction of the steps
     (WSD: Hu et al. 2024, MiniCPM; Hägele et al. 2024). A stable phase makes runs of other lengths branches

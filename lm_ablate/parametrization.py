@@ -138,7 +138,7 @@ class Parametrization:
         return math.sqrt(self.cfg.d_model)
 
 
-@PARAMETRIZATIONS.register("mup")
+@PARAMETRIZATIONS.register("mup", reads=("mup_base_width",))
 class MuP(Parametrization):
     """muP for Adam, relative to ``model.mup_base_width`` (module docstring: the table and its sources)."""
 

@@ -35,7 +35,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from lm_ablate.claim_spec import check_claims_against_arms, flatten, parse_claims
 from lm_ablate.config import ConfigError, bad, compose_error_message, job_config, validate
-from lm_ablate.ladder import apply_rung, check_budget_keys, check_ladder, vocab_size_of
+from lm_ablate.data import check_vocab_key
+from lm_ablate.ladder import MIN_RUNGS, apply_rung, check_budget_keys, check_ladder, vocab_size_of
+from lm_ablate.options import explicit_keys, settle
 
 log = logging.getLogger(__name__)
 
@@ -179,12 +181,13 @@ class ArmChecker:
             base = self._compose(groups)
             if isinstance(base, str):
                 return base
-            ladder = base.ladder.name is not None or any("ladder" in str(v.key_or_group) for v in values)
-            cfg = copy.deepcopy(base) if values or ladder else base  # validate only reads; a rung is applied
+            cfg = copy.deepcopy(base)  # the cached composition stays as composed: settle and a rung change cfg
             if values:
                 self.apply(values, cfg)
+            settle(cfg, explicit_keys(values if self.repo is not None else overrides))
             apply_rung(cfg)
             check_budget_keys(cfg)
+            check_vocab_key(cfg)
             validate(cfg)
             self._record_claims(cfg)
             if cfg.ladder.name is not None:
@@ -208,7 +211,7 @@ class ArmChecker:
 
     def _ladder_error(self, cfg: DictConfig) -> str | None:
         """Rungs increasing in size and a budget of at least one step, checked on meta-device models (once per
-        distinct config); the rung is recorded for the sweep-wide check that a ladder study has >= 2 rungs."""
+        distinct config); the rung is recorded for the sweep-wide check that a ladder study has >= MIN_RUNGS rungs."""
         self.ladder_rungs.setdefault(str(cfg.ladder.name), set()).add(int(cfg.ladder.rung))
         vocab = vocab_size_of(cfg.data)
         if vocab is None:  # a pretrained tokenizer: only loading it tells its size; the job checks its own budget
@@ -239,10 +242,14 @@ def sweep_errors(config: DictConfig) -> list[str]:
         error = checker.error(arm)
         if error is not None:
             by_error.setdefault(error, []).append(label)
-    for name, rungs in checker.ladder_rungs.items():  # one rung is no ladder: nothing to fit across sizes
-        if len(rungs) < 2:
-            why = f"a ladder study must sweep ladder.rung over at least 2 rungs of ladder={name} (this sweep trains only {sorted(rungs)})"
-            by_error.setdefault(str(bad("ladder.rung", sorted(rungs)[0], why)), []).append("every arm")
+    for name, rungs in checker.ladder_rungs.items():  # L(C) = E + A C^-alpha has 3 parameters: 3 rungs at least
+        if len(rungs) < MIN_RUNGS:
+            why = (f"a ladder study must sweep ladder.rung over at least {MIN_RUNGS} rungs of ladder={name} (the "
+                   f"fit L = E + A C^-alpha has 3 parameters; this sweep trains {sorted(rungs)})")  # fmt: skip
+            by_error.setdefault(str(bad("ladder.rung", sorted(rungs), why)), []).append("every arm")
+        elif len(rungs) < MIN_RUNGS + 1 and not by_error:
+            print(f"lm-ablate: warning: ladder={name} sweeps {len(rungs)} rungs: the fit has no held-out check (it "
+                  f"leaves the largest rung out and needs {MIN_RUNGS + 1} rungs for that)", file=sys.stderr)  # fmt: skip
     lines = [
         f"{labels[0]}: {error}"
         if len(labels) == 1

@@ -158,7 +158,7 @@ class WandbTracker(Tracker):
 _USER_ENV = {k for k in os.environ if k.startswith("WANDB_")}  # the user's own settings are never overridden
 
 
-@TRACKERS.register("wandb")
+@TRACKERS.register("wandb", reads=("project", "entity", "mode", "tags"))
 def wandb_tracker(cfg: TrackingConfig) -> Tracker:
     return WandbTracker(cfg)
 

@@ -128,9 +128,16 @@ CASES = [
         "cuda_without_cuda", "train", "train.device=cuda", "train.device='cuda'", "CUDA is not available", "auto or cpu"
     ),
     case(
+        "tracking_key_of_another_option",
+        "train",
+        "tracking.mode=offline",
+        "tracking.mode='offline'",
+        "none has no mode (wandb)",
+    ),
+    case(
         "tracking_mode",
         "train",
-        "tracking.mode=sometimes",
+        "tracking=wandb tracking.mode=sometimes",
         "tracking.mode='sometimes'",
         "allowed: online, offline, disabled",
     ),

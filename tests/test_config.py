@@ -78,7 +78,7 @@ def test_unknown_key_and_wrong_type_fail_at_compose():
     "override, key",
     [
         ("model.n_heads=3", "model.n_heads"),
-        ("attention.n_kv_heads=3", "attention.n_kv_heads"),
+        ("attention=gqa attention.n_kv_heads=3", "attention.n_kv_heads"),
         ("norm.placement=middle", "norm.placement"),
         ("optim.lr=-1", "optim.lr"),
         ("optim.schedule=linear", "optim.schedule"),
@@ -90,7 +90,7 @@ def test_unknown_key_and_wrong_type_fail_at_compose():
     ],
 )
 def test_bad_values_give_one_line_naming_the_key(override, key):
-    cfg = compose([override])
+    cfg = compose(override.split())
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     msg = str(err.value)

@@ -294,7 +294,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "model.parallel_norms": 1,
         "activation.name": "swiglu",
         "position.name": "rope",
-        "attention.n_kv_heads": 1,
+        "attention.name": "mqa",  # one K/V head: mqa fixes it (components/attention.py)
         "attention.bias": False,
         "activation.bias": False,
         "norm.bias": False,

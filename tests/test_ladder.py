@@ -88,8 +88,15 @@ def test_bad_ladders_fail_in_one_line_naming_the_key(overrides, starts):
 
 
 def test_a_ladder_sweep_is_refused_before_any_job_starts(tmp_path):
-    """One rung, or a hand-set train.max_tokens (it would be replaced): one line, nothing created."""
-    for extra, words in ((["ladder.rung=1"], "at least 2 rungs"), (["train.max_tokens=5000"], "a ladder sets it")):
+    """One or two rungs (a fit of E + A C^-alpha has three parameters: issue 21 found a 2-rung study that trained
+    and then could not be fitted), or a hand-set train.max_tokens (it would be replaced): one line, nothing
+    created."""
+    cases = (
+        (["ladder.rung=1"], "at least 3 rungs"),
+        (["ladder.rung=0,1"], "at least 3 rungs"),
+        (["train.max_tokens=5000"], "a ladder sets it"),
+    )
+    for extra, words in cases:
         out = subprocess.run(
             [sys.executable, "-m", "lm_ablate.train", "--config-dir", str(ROOT / "sweeps"), "--config-name",
              "ladder_activation", f"hydra.sweep.dir={tmp_path / 'sweep'}", *extra],
@@ -122,3 +129,21 @@ def test_a_ladder_study_runs_and_reports_compute_multipliers(tmp_path, cache_dir
     assert "swiglu" in scaling and "gelu" in scaling
     summaries = sorted((tmp_path / "ladder").glob("*/summary.json"))
     assert len(summaries) == 16 and all(json.loads(p.read_text())[M.STATUS] == M.STATUS_COMPLETED for p in summaries)
+
+
+def test_a_three_rung_ladder_sweep_is_accepted_with_a_warning_about_the_held_out_check(capsys):
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from lm_ablate.config import CONF_DIR
+    from lm_ablate.study import SWEEPS_DIR
+    from lm_ablate.sweep_check import sweep_errors
+
+    for rungs, warned in (("0,1,2", True), ("0,1,2,3", False)):
+        overrides = [f"hydra.searchpath=[file://{CONF_DIR}]", "hydra.sweep.dir=/nonexistent", f"ladder.rung={rungs}"]
+        with initialize_config_dir(str(SWEEPS_DIR), version_base="1.3"):
+            master = GlobalHydra.instance().hydra.compose_config("ladder_activation", overrides, RunMode.MULTIRUN)
+            assert sweep_errors(master) == []
+        err = capsys.readouterr().err
+        assert ("no held-out check" in err) == warned, err

@@ -413,5 +413,7 @@ def test_lr_transfer_study_arms_build():
     for width in params["model.d_model"]:
         for name in params["model.parametrization"]:
             cfg = compose(["experiment=lr_transfer", f"model.d_model={width}", f"model.parametrization={name}"])
-            assert cfg.study == "lr_transfer" and cfg.model.mup_base_width == min(map(int, params["model.d_model"]))
+            assert cfg.study == "lr_transfer" and cfg.model.mup_base_width == (
+                min(map(int, params["model.d_model"])) if cfg.model.parametrization == "mup" else None
+            )  # sp has no base width (lm_ablate/options.py)
             TransformerLM(cfg, V)

@@ -384,7 +384,7 @@ def test_model_cost_counts_every_variant(overrides, delta_per_layer):
 
 
 def test_dropout_sites_are_wired_and_default_to_dropout():
-    sites = ["regularization.dropout=0.1", "regularization.attention_dropout=0.2",
+    sites = ["regularization=dropout", "regularization.dropout=0.1", "regularization.attention_dropout=0.2",
              "regularization.residual_dropout=0.3"]  # fmt: skip
     model = build(*sites)
     assert model.embed_drop.p == 0.1  # null -> regularization.dropout
@@ -407,7 +407,8 @@ def test_each_dropout_site_changes_the_training_forward(site):
         return model(idx)
 
     assert torch.equal(train_logits(*off), build(*off).eval()(idx))
-    assert not torch.allclose(train_logits(*off, f"regularization.{site}=0.5"), train_logits(*off))
+    on = ["regularization=dropout", f"regularization.{site}=0.5"]  # standard has no dropout (options.py)
+    assert not torch.allclose(train_logits(*off, *on), train_logits(*off))
     # explicit 0 on every site overrides the default rate
     sites = ("embedding_dropout", "attention_dropout", "residual_dropout")
     zeros = [f"regularization.{s}=0.0" for s in sites]

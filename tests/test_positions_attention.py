@@ -460,17 +460,17 @@ def test_model_builds_the_layer_pattern():
     [
         (["position=rope", "position.fraction=0.3"], "position.fraction"),  # 4.8 dims of 16
         (["position=rope", "position.fraction=0.0"], "position.fraction"),
-        (["position.fraction=1.5"], "position.fraction"),
+        (["position=rope", "position.fraction=1.5"], "position.fraction"),
         (["position=rope", "model.d_model=36", "model.n_heads=4"], "model.head_dim"),
-        (["position.layout=spiral"], "position.layout"),
-        (["position.num_buckets=0"], "position.num_buckets"),
-        (["position.max_distance=0"], "position.max_distance"),
+        (["position=rope", "position.layout=spiral"], "position.layout"),
+        (["position=t5", "position.num_buckets=0"], "position.num_buckets"),
+        (["position=t5", "position.max_distance=0"], "position.max_distance"),
         (["attention.window=0"], "attention.window"),
         (["attention.softcap=0"], "attention.softcap"),
         (["attention.scale=-1"], "attention.scale"),
         (["attention.qk_norm=layer"], "attention.qk_norm"),
-        (["attention.qk_norm_eps=0"], "attention.qk_norm_eps"),
-        (["attention.n_kv_heads=3"], "attention.n_kv_heads"),
+        (["attention.qk_norm=whole", "attention.qk_norm_eps=0"], "attention.qk_norm_eps"),
+        (["attention=gqa", "attention.n_kv_heads=3"], "attention.n_kv_heads"),
         (["attention.global_every=-1"], "attention.global_every"),
         (["attention.window=8", "attention.global_every=3"], "attention.global_every"),  # tiny: 2 layers
     ],
@@ -487,7 +487,6 @@ def test_good_patterns_validate():
     for overrides in (
         ["attention.window=8", "attention.global_every=2"],
         ["attention.window=8", "attention.global_every=0"],
-        ["attention.global_every=7"],  # no window: the pattern is moot, nothing to reject
         ["position=rope", "position.fraction=0.5", "position.layout=interleaved"],
         ["position=rope", "position.fraction=0.125"],  # 16 * 0.125 = 2 rotated dims: one pair
         ["position=t5", "position.num_buckets=2", "position.max_distance=2"],

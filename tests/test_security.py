@@ -175,6 +175,8 @@ def test_report_escapes_every_string(tmp_path, cache_dir):
         f"data.cache_dir={cache_dir}",
         f"hydra.run.dir={run_a}",
         f"study='{PAYLOAD}'",
+        "tracking=wandb",  # (disabled) tags are wandb's key (lm_ablate/options.py)
+        "tracking.mode=disabled",
         f"tracking.tags=['{PAYLOAD}']",
     )
     assert out.returncode == 0, out.stderr[-2000:]

@@ -1,8 +1,8 @@
-"""Causal self-attention (axis ``attention``): multi-head with ``n_kv_heads`` key/value heads.
+"""Causal self-attention (axis ``attention``): multi-head with n_kv K/V heads, which the option fixes or reads.
 
-    n_kv_heads == n_heads : MHA (Vaswani et al. 2017)
-    1 < n_kv_heads < n_heads: GQA (Ainslie et al. 2023), each K/V head shared by n_heads / n_kv_heads queries
-    n_kv_heads == 1       : MQA (Shazeer 2019)
+    mha   n_kv = n_heads                   (Vaswani et al. 2017)
+    gqa   n_kv = attention.n_kv_heads      (Ainslie et al. 2023): each K/V head shared by n_heads / n_kv queries
+    mqa   n_kv = 1                         (Shazeer 2019)
 
     y = softmax(cap(scale * norm(q) norm(k)^T) + bias + mask) v
 
@@ -25,6 +25,8 @@ probabilities applies on both paths.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -43,13 +45,13 @@ def no_qk_norm(width: int, head_dim: int, eps: float) -> nn.Module:
     return nn.Identity()
 
 
-@QK_NORMS.register("whole")
+@QK_NORMS.register("whole", reads=("qk_norm_eps",))
 def whole_qk_norm(width: int, head_dim: int, eps: float) -> nn.Module:
     """OLMo 2 (OLMo et al. 2024): one RMSNorm over all heads' dims of the projection at once."""
     return RMSNorm(width, eps=eps)
 
 
-@QK_NORMS.register("per_head")
+@QK_NORMS.register("per_head", reads=("qk_norm_eps",))
 class PerHeadRMSNorm(nn.Module):
     """Qwen 3 (also Gemma 3): RMSNorm over each head's head_dim dims, one gain vector shared by the heads."""
 
@@ -68,16 +70,17 @@ def layer_window(cfg: AttentionConfig, layer: int) -> int | None:
     return None if is_global else cfg.window
 
 
-@ATTENTIONS.register("mha", "gqa", "mqa")
 class CausalSelfAttention(nn.Module):
     force_explicit = False  # tests: run the written-out path even without a cap, to compare it with SDPA
     qk_observer = None  # set by probes.observed: called with (q, k) of every forward while set
     max_logit_scores = 2**24  # max_logit computes at most this many scores at a time
 
-    def __init__(self, cfg: AttentionConfig, model: ModelConfig, dropout: float = 0.0, layer: int = 0):
+    def __init__(
+        self, cfg: AttentionConfig, model: ModelConfig, dropout: float = 0.0, layer: int = 0, n_kv_heads: int = 0
+    ):
         super().__init__()
         self.n_heads = model.n_heads
-        self.n_kv_heads = cfg.n_kv_heads or model.n_heads
+        self.n_kv_heads = n_kv_heads or cfg.n_kv_heads or model.n_heads
         self.head_dim = head_dim(model)
         self.dropout = dropout
         self.scale = parametrization(model).attention_scale(cfg.scale, self.head_dim)  # sp: scale or hd^-1/2
@@ -172,3 +175,23 @@ class CausalSelfAttention(nn.Module):
         mask = None if plain_causal else self.mask(T, T, bias, x.device, q.dtype)
         y = self.attend(q, k, v, mask, self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, T, -1))
+
+
+# The options fix or read the number of K/V heads, so a name always says what is built (lm_ablate/options.py).
+@ATTENTIONS.register("mha")
+def mha(cfg: AttentionConfig, model: ModelConfig, **runtime: Any) -> CausalSelfAttention:
+    """One K/V head per query head (Vaswani et al. 2017)."""
+    return CausalSelfAttention(cfg, model, n_kv_heads=model.n_heads, **runtime)
+
+
+@ATTENTIONS.register("gqa", reads=("n_kv_heads",))
+def gqa(cfg: AttentionConfig, model: ModelConfig, **runtime: Any) -> CausalSelfAttention:
+    """``attention.n_kv_heads`` K/V heads, each shared by n_heads / n_kv_heads queries (Ainslie et al. 2023, whose
+    GQA-G family holds MQA at G = 1 and MHA at G = n_heads)."""
+    return CausalSelfAttention(cfg, model, n_kv_heads=cfg.n_kv_heads, **runtime)
+
+
+@ATTENTIONS.register("mqa")
+def mqa(cfg: AttentionConfig, model: ModelConfig, **runtime: Any) -> CausalSelfAttention:
+    """One K/V head shared by every query head (Shazeer 2019)."""
+    return CausalSelfAttention(cfg, model, n_kv_heads=1, **runtime)

@@ -89,20 +89,21 @@ def gelu(cfg: ActivationConfig) -> nn.Module:
     return nn.GELU(approximate=cfg.approximate)
 
 
-def _option(name: str, make_act: MakeAct, gated: bool) -> None:
+def _option(name: str, make_act: MakeAct, gated: bool, reads: tuple[str, ...] = ()) -> None:
     def build(cfg: ActivationConfig, d_model: int) -> nn.Module:
         cls = GatedFFN if gated else FFN
         return cls(d_model, hidden_width(cfg, d_model, gated), make_act(cfg), cfg.bias)
 
-    ACTIVATIONS.register(name)(build)
+    # a gated option rounds its derived width to multiple_of; gelu and geglu read which GELU
+    ACTIVATIONS.register(name, reads=reads + (("multiple_of",) if gated else ()))(build)
 
 
 _option("relu", plain(nn.ReLU), gated=False)
-_option("gelu", gelu, gated=False)
+_option("gelu", gelu, gated=False, reads=("approximate",))
 _option("silu", plain(nn.SiLU), gated=False)
 _option("relu2", plain(ReLUSquared), gated=False)
 _option("glu", plain(nn.Sigmoid), gated=True)
 _option("reglu", plain(nn.ReLU), gated=True)
-_option("geglu", gelu, gated=True)
+_option("geglu", gelu, gated=True, reads=("approximate",))
 _option("swiglu", plain(nn.SiLU), gated=True)
 _option("bilinear", plain(nn.Identity), gated=True)

@@ -24,7 +24,7 @@ from lm_ablate.config import NormConfig
 from lm_ablate.registry import NORMS
 
 
-@NORMS.register("layernorm")
+@NORMS.register("layernorm", reads=("eps", "bias"))
 def layernorm(cfg: NormConfig, dim: int) -> nn.Module:
     return nn.LayerNorm(dim, eps=cfg.eps, bias=cfg.bias)
 
@@ -76,7 +76,7 @@ class OffsetRMSNorm(RMSNorm):
         return rms_norm(x.float(), 1.0 + self.weight.float(), self.eps).type_as(x)
 
 
-@NORMS.register("rmsnorm")
+@NORMS.register("rmsnorm", reads=("eps", "unit_offset"))
 def rmsnorm(cfg: NormConfig, dim: int) -> nn.Module:
     return (OffsetRMSNorm if cfg.unit_offset else RMSNorm)(dim, eps=cfg.eps)
 

@@ -98,7 +98,7 @@ def deepnorm_beta(n_layers: int) -> float:
     return (8 * n_layers) ** -0.25
 
 
-@PLACEMENTS.register("deepnorm")
+@PLACEMENTS.register("deepnorm", reads=("deepnorm_alpha", "deepnorm_beta"))
 class DeepNorm(Residual):
     """Post-LN with the residual up-weighted by alpha and the branch's value path down-scaled by beta at
     init; together they bound the model update, so deep post-LN trains (Wang et al. 2022).

@@ -117,7 +117,7 @@ class RotateInterleaved:
         return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
 
 
-@POSITIONS.register("rope")
+@POSITIONS.register("rope", reads=("theta", "fraction", "layout"))
 class RotaryPosition(PositionScheme):
     """RoPE (Su et al. 2021): pair i of the first r = fraction * head_dim dims of every query and key at
     position p is rotated by angle p * theta^(-2i/r); the other dims pass through (partial rotary, GPT-J /
@@ -190,7 +190,7 @@ def t5_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
     return torch.where(d < exact, d, log_spaced.clamp(max=num_buckets - 1))
 
 
-@POSITIONS.register("t5")
+@POSITIONS.register("t5", reads=("num_buckets", "max_distance"))
 class T5RelativeBias(PositionScheme):
     """T5 relative attention bias (Raffel et al. 2020): one learned scalar per (distance bucket, head) added
     to the logits. As in T5 the table is shared by all layers (it lives in the model's one scheme)."""

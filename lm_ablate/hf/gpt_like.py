@@ -101,8 +101,11 @@ def sizes(hf_config: Any, d: int, layers: int, heads: int, context: int, d_ff: i
 
 
 def dropouts(embedding: float, attention: float, residual: float) -> list[str]:
-    """The HF rates per site, so fine-tuning the converted model regularizes as the original would."""
+    """The HF rates per site, so fine-tuning the converted model regularizes as the original would; the
+    regularization option is the one that says so (dropout, or standard when every rate is 0)."""
+    recipe = "dropout" if max(embedding, attention, residual) > 0 else "standard"
     return [
+        f"regularization={recipe}",
         f"regularization.embedding_dropout={float(embedding)}",
         f"regularization.attention_dropout={float(attention)}",
         f"regularization.residual_dropout={float(residual)}",
@@ -117,7 +120,7 @@ def rope_fraction(hf_config: Any, field: str, rotary_dims: int | None, hd: int) 
 
 
 def build(arch: str, overrides: list[str], vocab_size: int) -> tuple[TransformerLM, DictConfig]:
-    cfg = compose([f"arch={arch}", *overrides])
+    cfg = compose([f"arch={arch}", *overrides], refuse_unread=False)  # a value no option reads is dropped
     return TransformerLM(cfg, vocab_size), cfg
 
 

@@ -241,7 +241,7 @@ def copy_weights(model: TransformerLM, hf_model: nn.Module, family: Family) -> N
 
 
 def convert(hf_model: Any, family: Family) -> tuple[TransformerLM, DictConfig]:
-    cfg = compose(translate(hf_model.config, family))
+    cfg = compose(translate(hf_model.config, family), refuse_unread=False)  # a value no option reads is dropped
     with next(hf_model.parameters()).device:  # built where the HF model lives: no move afterwards
         model = TransformerLM(cfg, hf_model.config.vocab_size)
     copy_weights(model, hf_model, family)
