@@ -45,6 +45,11 @@ RESUME_MAY_DIFFER = (
 )
 
 
+# keys a run sets from what it loads (model.vocab_size: its tokenizer's). A record written before such a key
+# existed lacks it and agrees with whatever the run derives now.
+DERIVED = ("model.vocab_size",)
+
+
 class CheckpointError(ConfigError):
     """An unusable checkpoint or a resume that would mix two different runs; one line."""
 
@@ -161,9 +166,13 @@ def schema_defaults() -> dict[str, Any]:
 def config_differences(saved: dict, current: dict) -> list[str]:
     """Keys whose values differ between two resolved configs, ignoring the keys that may change on resume. A key
     one of them lacks (a checkpoint written before the schema gained it) counts as the schema's default, so an
-    older run resumes when the new key is at its default: adding a key changes no old run's meaning."""
+    older run resumes when the new key is at its default: adding a key changes no old run's meaning (a DERIVED
+    key it lacks takes the other side's value)."""
     a, b = flat_config(saved), flat_config(current)
     defaults = schema_defaults()
+    for k in DERIVED:  # lacking on one side: that side agrees with the other
+        if k not in a or k not in b:
+            a[k] = b[k] = a.get(k, b.get(k))
     keys = sorted(set(a) | set(b))
     value = lambda side, k: side[k] if k in side else defaults.get(k)
     return [k for k in keys if value(a, k) != value(b, k) and not k.startswith(RESUME_MAY_DIFFER)]

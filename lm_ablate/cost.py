@@ -1,25 +1,39 @@
 """What an arm costs before it runs: ``python -m lm_ablate.cost [overrides]`` prints parameter counts and
-training FLOPs per token (formula in :func:`lm_ablate.model.model_cost`) for the config those overrides give."""
+training FLOPs per token (formula in :func:`lm_ablate.model.model_cost`) for the config those overrides give.
+
+The model is built on the meta device (:func:`arm_cost`): every parameter has its shape and no memory, so a
+billion-parameter rung or a 100M-token vocabulary is counted as fast as a tiny model, by the same code the run
+builds its model with. The vocabulary is the one the run will train with (:func:`lm_ablate.data.vocabulary`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+import torch
+from omegaconf import DictConfig
+
 from lm_ablate.config import ConfigError, compose, compose_error_message
-from lm_ablate.ladder import token_budget, vocab_size_of
-from lm_ablate.model import TransformerLM, model_cost
+from lm_ablate.data import Vocabulary, check_vocab_key, vocabulary
+from lm_ablate.ladder import token_budget
+from lm_ablate.model import ModelCost, TransformerLM, model_cost
+
+NOT_TRAINED = "an upper bound: the BPE is not trained yet for this corpus, and stops short when merges run out"
+
+
+def arm_cost(cfg: DictConfig, vocab_size: int) -> ModelCost:
+    """:func:`model_cost` of the model ``cfg`` describes, built on the meta device: no memory, no RNG draw."""
+    with torch.device("meta"):
+        model = TransformerLM(cfg, vocab_size)
+    return model_cost(model, cfg)
 
 
 def describe(overrides: list[str], vocab_size: int | None = None) -> str:
     cfg = compose(overrides)
-    if vocab_size is None:  # byte level: 256; bpe or pre-tokenized: data.vocab_size; pretrained: its file's
-        vocab_size = vocab_size_of(cfg.data)
-    if vocab_size is None:
-        from lm_ablate.data.tokenizers import load_pretrained
-
-        vocab_size = load_pretrained(cfg.data.tokenizer_path).vocab_size
-    cost = model_cost(TransformerLM(cfg, vocab_size), cfg)
+    check_vocab_key(cfg)
+    vocab = vocabulary(cfg.data) if vocab_size is None else Vocabulary(vocab_size)
+    cost = arm_cost(cfg, vocab.size)
     tokens = cfg.train.max_steps * cfg.train.batch_size * cfg.model.context
     budget = []
     if cfg.ladder.name is not None:  # a ladder rung trains for tokens_per_param x its non-embedding parameters
@@ -33,7 +47,7 @@ def describe(overrides: list[str], vocab_size: int | None = None) -> str:
         [
             *budget,
             f"config            {arm}",
-            f"vocab size        {vocab_size:,}",
+            f"vocab size        {vocab.size:,}" + (f"  ({NOT_TRAINED})" if vocab.upper_bound else ""),
             f"params total      {cost.params_total:,}",
             f"params embedding  {cost.params_embedding:,}",
             f"params non-emb.   {cost.params_non_embedding:,}",
@@ -47,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m lm_ablate.cost",
         description="Parameter counts and training FLOPs per token of the arm that Hydra overrides give, "
-        "before it runs (nothing is trained or written).",
+        "before it runs (nothing is trained, allocated or written).",
         epilog="example: python -m lm_ablate.cost arch=llama model=medium",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m lm_ablate.train")

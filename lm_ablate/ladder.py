@@ -142,10 +142,9 @@ def check_ladder(cfg: DictConfig, vocab_size: int) -> None:
     check_budget(cfg, token_budget(cfg, sizes[cfg.ladder.rung]))
 
 
-def vocab_size_of(data: Any) -> int | None:
-    """The vocabulary a data config will give, without loading the data (None where only loading can tell)."""
-    if data.tokenizer == "byte":
-        return 256
-    if data.tokenizer == "bpe" or data.name == "tokens":
-        return int(data.vocab_size)
-    return None
+def vocab_size_of(data: Any) -> int:
+    """The vocabulary a data config will give, without tokenizing (:func:`lm_ablate.data.vocabulary`; for a BPE
+    not trained yet on the corpus, the requested size: an upper bound)."""
+    from lm_ablate.data import vocabulary
+
+    return vocabulary(data).size

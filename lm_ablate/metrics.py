@@ -83,6 +83,7 @@ PEAK_FLOPS = "peak_flops"
 STOP_REASON = "stop_reason"  # max_steps | max_tokens | max_time_s | diverged | preempted
 PARAMS_TOTAL = "params_total"
 PARAMS_NON_EMBEDDING = "params_non_embedding"
+VOCAB_SIZE = "vocab_size"  # the vocabulary the model is built with (model.vocab_size: the tokenizer's)
 STEPS = "steps"
 TOTAL_TOKENS = "tokens"
 WALL_TIME_S = "wall_time_s"

@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from lm_ablate import checkpoint as ckpt
 from lm_ablate import metrics as M
 from lm_ablate.config import AXES, CONF_DIR, ConfigError, compose_error_message, to_container, validate
-from lm_ablate.data import check_length, get_batch, load_data, val_batches
+from lm_ablate.data import check_length, check_vocab_key, get_batch, load_data, record_vocabulary, val_batches
 from lm_ablate.distributed import init_distributed
 from lm_ablate.ladder import apply_rung, check_budget, check_budget_keys, non_embedding_params, token_budget
 from lm_ablate.model import TransformerLM, model_cost
@@ -283,6 +283,7 @@ class Trainer:
 
         # --- checks: nothing is written before all of them pass -------------------------------------------
         self.data = load_data(cfg.data)
+        vocab_note = record_vocabulary(cfg, self.data.vocab_size)  # model.vocab_size, in the config recorded below
         if cfg.ladder.name is not None:  # the rung's budget: tokens_per_param x N (N needs the vocabulary)
             budget = token_budget(cfg, non_embedding_params(cfg, self.data.vocab_size))
             check_budget(cfg, budget)
@@ -311,6 +312,8 @@ class Trainer:
         if saved is not None and saved["step"] > self.horizon:
             raise ckpt.CheckpointError(f"train.resume={str(resume_from)!r} is invalid: the checkpoint is at step "
                                        f"{saved['step']}, past this run's last step ({self.horizon})")  # fmt: skip
+        if vocab_note and self.dist.main:
+            print(f"lm-ablate: {vocab_note}", file=sys.stderr)
         if on_accept is not None and self.dist.main:
             on_accept()
         if saved is None and self.dist.main:
@@ -341,6 +344,7 @@ class Trainer:
             M.SEED: cfg.seed,
             M.PARAMS_TOTAL: self.cost.params_total,
             M.PARAMS_NON_EMBEDDING: self.cost.params_non_embedding,
+            M.VOCAB_SIZE: self.data.vocab_size,
             M.FLOPS_PER_TOKEN: self.cost.flops_per_token,
             M.PEAK_FLOPS: self.peak,
             "world_size": self.dist.world,
@@ -674,6 +678,7 @@ def main(cfg: DictConfig) -> float | None:
     try:
         apply_rung(cfg)
         check_budget_keys(cfg)
+        check_vocab_key(cfg)
         trainer = Trainer(cfg, out, name=name, on_accept=save_hydra_record)
     except AlreadyFinished as done:
         s = done.summary

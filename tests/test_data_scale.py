@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 import lm_ablate.data.cache as C
 from lm_ablate import metrics as M
 from lm_ablate.config import ConfigError, DataConfig, compose, validate
-from lm_ablate.data import DataError, TokenShards, get_batch, load_data, shakespeare_works
+from lm_ablate.data import DataError, TokenShards, Vocabulary, get_batch, load_data, shakespeare_works, vocabulary
 from lm_ablate.data.sources import paragraphs
 from lm_ablate.data.tokenizers import EOS
 from lm_ablate.registry import DATASETS
@@ -250,6 +250,9 @@ def test_pretrained_tokenizer_matches_transformers_and_trains_end_to_end(tmp_pat
     summary = train(run, tmp_path / "run")
     assert summary[M.STATUS] == M.STATUS_COMPLETED
     assert abs(summary[M.FINAL_VAL_LOSS] - math.log(420)) < 0.5  # a 420-way softmax barely trained, not 256
+    # recorded as trained, and what python -m lm_ablate.cost counts with (not data.vocab_size's default 4096)
+    assert summary[M.VOCAB_SIZE] == 420 == OmegaConf.load(tmp_path / "run" / M.CONFIG_FILE).model.vocab_size
+    assert vocabulary(run.data) == Vocabulary(420)
 
 
 # -------------------------------------------------------------------------------------- pre-tokenized
@@ -339,7 +342,7 @@ def test_a_single_token_file_trains_end_to_end(tmp_path: Path) -> None:
         + ["data.val_split=null", "data.val_fraction=0.2", f"data.cache_dir={tmp_path / 'cache'}", "train.threads=1"]
     )
     summary = train(run, tmp_path / "run")
-    assert summary[M.STATUS] == M.STATUS_COMPLETED
+    assert summary[M.STATUS] == M.STATUS_COMPLETED and summary[M.VOCAB_SIZE] == 300
 
 
 # ---------------------------------------------------------------------------------------- streaming

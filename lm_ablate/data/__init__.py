@@ -26,9 +26,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lm_ablate.data.batching import TokenShards, check_length, get_batch, val_batches
 from lm_ablate.data.cache import FORMAT, clean, fill, locked, open_cached, write_atomic
@@ -40,6 +41,8 @@ from lm_ablate.data.tokenizers import (
     BPETokenizer,
     ByteTokenizer,
     PretrainedTokenizer,
+    bpe_path,
+    check_bpe_size,
     load_pretrained,
 )
 from lm_ablate.registry import DATASETS, TOKENIZERS
@@ -57,13 +60,17 @@ __all__ = [  # what the loop, the tests and notebooks import from lm_ablate.data
     "TokenData",
     "TokenShards",
     "TokensSource",
+    "Vocabulary",
     "check_config",
     "check_length",
+    "check_vocab_key",
     "get_batch",
     "hold_out",
     "load_data",
+    "record_vocabulary",
     "shakespeare_works",
     "val_batches",
+    "vocabulary",
 ]
 
 
@@ -144,6 +151,67 @@ def load_data(cfg: Any) -> TokenData:
             assert hit is not None, f"token cache {folder} unreadable right after writing it"
     _, train, val = hit
     return TokenData(train, val, tokenizer.vocab_size, tokenizer, key)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The vocabulary a data config gives, found without tokenizing anything: the size the model is built
+    with (``model.vocab_size``), or, for a BPE not trained yet on this corpus, the requested size as an upper
+    bound (training stops earlier when the corpus has fewer distinct merges)."""
+
+    size: int
+    upper_bound: bool = False
+
+
+def vocabulary(cfg: Any) -> Vocabulary:
+    """What :func:`load_data` would give as ``vocab_size``, without tokenizing or writing to the token cache:
+
+        data=tokens        data.vocab_size (every id is below it)
+        byte               256
+        pretrained         the tokenizer's (its tokenizer.json; a hub one not in the HF cache is fetched there)
+        bpe                the cached trained tokenizer's size; not trained yet: data.vocab_size, an upper bound
+
+    The one answer for the training loop's record, ``python -m lm_ablate.cost`` and the sweep check."""
+    cfg = _node(cfg)
+    check_config(cfg)
+    TOKENIZERS.check("data.tokenizer", cfg.tokenizer)
+    if cfg.name == "tokens":
+        return Vocabulary(int(cfg.vocab_size))
+    if cfg.tokenizer == "byte":
+        return Vocabulary(ByteTokenizer.vocab_size)
+    if cfg.tokenizer == "pretrained":
+        return Vocabulary(load_pretrained(cfg.tokenizer_path).vocab_size)
+    check_bpe_size(cfg)
+    path = bpe_path(cfg, DATASETS.build(cfg), absolute(cfg.cache_dir))
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        return Vocabulary(BPETokenizer(Tokenizer.from_file(str(path))).vocab_size)
+    return Vocabulary(int(cfg.vocab_size), upper_bound=True)
+
+
+def check_vocab_key(cfg: Any) -> None:
+    """``model.vocab_size`` is the run's to set, from its data: a value on the command line is refused."""
+    if cfg.model.vocab_size is not None:
+        why = "set by the run from its data (data.tokenizer, data.vocab_size); leave it null"
+        raise bad("model.vocab_size", cfg.model.vocab_size, why)
+
+
+def record_vocabulary(cfg: DictConfig, vocab_size: int) -> str | None:
+    """Set ``model.vocab_size`` to the vocabulary the data gave, so the run record (config.yaml, the resume
+    and finished-run checks, the report) holds the size the model is built with; call it before the config
+    is recorded. A value already there must agree (the same config object trained again has it). Returns the
+    one line to print when a BPE stopped short of ``data.vocab_size``, else None."""
+    if cfg.model.vocab_size not in (None, vocab_size):
+        why = f"the data give {vocab_size:,} tokens (model.vocab_size is set by the run from its data); leave it null"
+        raise bad("model.vocab_size", cfg.model.vocab_size, why)
+    with open_dict(cfg):
+        cfg.model.vocab_size = vocab_size
+    data = cfg.data
+    if data.name != "tokens" and data.tokenizer == "bpe" and vocab_size < data.vocab_size:
+        return (f"data.vocab_size={data.vocab_size}: BPE on this corpus stops at {vocab_size:,} tokens; "
+                f"the run uses {vocab_size:,} (model.vocab_size)")  # fmt: skip
+    return None
 
 
 def cpu_cores() -> int:
