@@ -196,7 +196,7 @@ def build(studies: list[str]) -> int:
             "`python scripts/gallery.py run` (`python -m lm_ablate.study STUDY tracking=none` per study; times below),",
             "and its report rebuilt with `python scripts/gallery.py build`. Each folder holds the report's markdown,",
             "figures and tables (claims.csv, comparisons.csv). Every verdict below is computed from the runs by",
-            "`analysis/claims.py` (held: the 95% interval of arm − baseline excludes 0 in the expected direction;",
+            "`analysis/compute/claims.py` (held: the 95% interval of arm − baseline excludes 0 in the expected direction;",
             "equal: the 90% interval lies inside ±margin, TOST; contradicted: the interval excludes 0 the other way;",
             "mixed: the contexts disagree). Ratio metrics (tokens/s, attention logit, compute multiplier) are",
             "arm / baseline. These are ~1M-parameter models on 5 MB of Shakespeare: a claim made at scale may not",

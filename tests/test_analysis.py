@@ -4,7 +4,7 @@ The sweep is synthetic: a 2x2 design (norm.name x norm.placement, norm.bias chan
 completed seeds per cell with final validation losses chosen here, plus one extra run per cell that is broken
 in a different way (diverged, no summary, corrupt summary, still running) and whose value would move the
 mean if it were wrongly averaged. Expected statistics are recomputed from the textbook formulas with numpy and
-scipy's t distribution, independently of analysis.stats.
+scipy's t distribution, independently of analysis.compute.stats.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from omegaconf import OmegaConf
 from reference_stats import expected_ci, expected_paired, expected_welch
 from scipy import stats as st
 
-from analysis.compare import compare_runs
-from analysis.load import AnalysisError, load_runs
+from analysis.compute.compare import compare_runs
+from analysis.compute.stats import mean_ci, welch
 from analysis.report import build_report
-from analysis.stats import mean_ci, welch
+from analysis.sources.load import AnalysisError, load_runs
 from lm_ablate import metrics as M
 
 XSS = "<script>alert(1)</script>"
@@ -410,7 +410,7 @@ def test_run_killed_before_start_uses_hydra_config(tmp_path):
 
 
 def test_many_contexts_wrap_onto_several_figures(tmp_path):
-    from analysis.plots import MAX_PANELS, loss_figures
+    from analysis.present.figures.curves import MAX_PANELS, loss_figures
 
     for i in range(2 * 7):
         name, width = ("layernorm", "rmsnorm")[i % 2], 32 * (1 + i // 2)
@@ -429,7 +429,7 @@ def test_many_contexts_wrap_onto_several_figures(tmp_path):
 
 
 def test_ema_is_debiased_and_skips_nonfinite():
-    from analysis.plots import ema
+    from analysis.present.figures.curves import ema
 
     beta, m, want = 0.9, 0.0, []
     for i, x in enumerate([1.0, 2.0, 4.0, 8.0]):

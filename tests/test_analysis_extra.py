@@ -24,12 +24,13 @@ from omegaconf import OmegaConf
 from reference_stats import expected_ci
 from scipy import stats as st
 
-from analysis import load as L
-from analysis.compare import compare_runs, compare_to_baseline, lr_sweep
-from analysis.load import load_runs
-from analysis.report import build_report, load_sources
+from analysis.compute.compare import compare_runs, compare_to_baseline, lr_sweep
+from analysis.compute.stats import paired
+from analysis.report import build_report
 from analysis.report import main as report_main
-from analysis.stats import paired
+from analysis.sources import load as L
+from analysis.sources.combined import load_sources
+from analysis.sources.load import load_runs
 from lm_ablate import metrics as M
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,6 +184,22 @@ def test_no_lr_sweep_without_lr_axis(lr_sweep_dir, tmp_path):
     assert lr_sweep(load_runs([tmp_path])) is None
 
 
+def test_runs_without_a_numeric_lr_are_counted_and_said(lr_sweep_dir, tmp_path):
+    """compute/ counts the runs it leaves out (LRSweep.left_out); the LR section words it."""
+    from analysis.present.sections.lr import lr_blocks
+
+    for i, src in enumerate(sorted(lr_sweep_dir.iterdir(), key=lambda p: int(p.name))[:4]):
+        shutil.copytree(src, tmp_path / str(i))
+    cfg = OmegaConf.load(tmp_path / "0" / M.CONFIG_FILE)
+    cfg.optim.lr = None  # a run whose LR is no number (written by hand, or a resolver that failed)
+    (tmp_path / "0" / M.CONFIG_FILE).write_text(OmegaConf.to_yaml(cfg))
+    rs = load_runs([tmp_path])
+    sweep = lr_sweep(rs)
+    assert sweep.left_out == 1 and sorted(sweep.assignment) == ["1", "2", "3"]
+    said = [b.items for b in lr_blocks(sweep, []) if type(b).__name__ == "Bullets"]
+    assert said == [["1 run(s) without a positive numeric optim.lr left out"]]
+
+
 # --- tests against a baseline, rates --------------------------------------------------------------------
 def test_paired_matches_ttest_rel():
     a, b = [3.0, 3.1, 3.25, 2.9], [3.2, 3.15, 3.4, 3.05]
@@ -257,7 +274,7 @@ def test_figure_titles_are_words_not_metric_keys(lr_report):
 
 
 def test_new_figures_skipped_cleanly_without_their_data(lr_sweep_dir, tmp_path):
-    from analysis import plots as P
+    from analysis.present.figures import curves as P
 
     for i, src in enumerate(sorted(lr_sweep_dir.iterdir(), key=lambda p: int(p.name))[:8]):
         cfg = OmegaConf.to_container(OmegaConf.load(src / M.CONFIG_FILE))
@@ -288,7 +305,7 @@ def test_grad_norm_figure_draws_every_run_thinned_with_its_spikes(tmp_path, monk
     of every few steps, so a one-step spike stays visible), marks every flagged spike and every divergence."""
     from matplotlib.collections import LineCollection
 
-    from analysis import plots as P
+    from analysis.present.figures import curves as P
 
     steps = 3000  # > MAX_POINTS // 3: lines are thinned
     runs = [("pre", 0, None), ("pre", 1, None), ("post", 0, None), ("post", 1, 2000)]  # post seed 1 diverges
@@ -307,7 +324,7 @@ def test_grad_norm_figure_draws_every_run_thinned_with_its_spikes(tmp_path, monk
     rs = load_runs([tmp_path])
     comp = compare_runs(rs, by=["norm.placement"]).comparisons[0]
     drawn = []
-    monkeypatch.setattr(P, "_png", lambda fig: drawn.append(fig) or b"")
+    monkeypatch.setattr(P, "png_bytes", lambda fig: drawn.append(fig) or b"")
     assert len(P.grad_norm_figures(rs, comp)) == 1
     (ax,) = drawn[0].axes[:1]
     lines = [c for c in ax.collections if isinstance(c, LineCollection)]
@@ -322,25 +339,25 @@ def test_grad_norm_figure_draws_every_run_thinned_with_its_spikes(tmp_path, monk
 
 
 def test_png_is_the_savefig_image(tmp_path):
-    """_png encodes the pixels savefig would (RGB when opaque, RGBA when not), just faster."""
+    """png_bytes encodes the pixels savefig would (RGB when opaque, RGBA when not), just faster."""
     import io
 
     from PIL import Image
 
-    from analysis import plots as P
+    from analysis.present import style as P
 
     for transparent in (False, True):
-        fig, axes = P._panels(2, ["a", "b"], 1)
+        fig, axes = P.panel_grid(2, ["a", "b"], 1)
         axes[0].plot([0, 1], [1, 2], label="x")
         axes[1].set_yscale("log")
         axes[1].plot([1, 10], [1, 100])
-        P._legend(fig, ["a", "b"], [])
+        P.arm_legend(fig, ["a", "b"], [])
         if transparent:
             fig.patch.set_alpha(0.0)
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=P.DPI)
         want = Image.open(buf)
-        got = Image.open(io.BytesIO(P._png(fig)))
+        got = Image.open(io.BytesIO(P.png_bytes(fig)))
         assert got.mode == ("RGBA" if transparent else "RGB") and got.size == want.size
         assert np.array_equal(np.asarray(got), np.asarray(want.convert(got.mode)))
 
@@ -352,40 +369,40 @@ def test_log_axes_build_only_the_ticks_they_draw(monkeypatch):
 
     from PIL import Image
 
-    from analysis import plots as P
+    from analysis.present import style as P
 
     def draw() -> tuple[np.ndarray, int]:
-        fig, (ax,) = P._panels(1, ["a"], 0)
+        fig, (ax,) = P.panel_grid(1, ["a"], 0)
         ax.plot([1, 5000], [0.45, 12.0])
         ax.set_yscale("log")
-        P._plain_log_ticks(ax)
+        P.plain_log_ticks(ax)
         ax.set_xscale("log")
-        P._log_ticks_in_view(ax.xaxis)
-        png = P._png(fig)
+        P.log_ticks_in_view(ax.xaxis)
+        png = P.png_bytes(fig)
         ticks = sum(len(a.get_major_ticks()) + len(a.get_minor_ticks()) for a in (ax.xaxis, ax.yaxis))
         return np.asarray(Image.open(io.BytesIO(png))), ticks
 
     image, ticks = draw()
-    monkeypatch.setattr(P, "_log_ticks_in_view", lambda axis: None)
+    monkeypatch.setattr(P, "log_ticks_in_view", lambda axis: None)
     want, all_ticks = draw()
     assert np.array_equal(image, want) and ticks < 0.8 * all_ticks
 
 
 def test_pinned_titles_are_where_matplotlib_places_them(monkeypatch):
-    """_style pins a panel's title at the top, where matplotlib's placement puts it too, except over an
+    """style_axes pins a panel's title at the top, where matplotlib's placement puts it too, except over an
     offset text, which is left to matplotlib: the same image either way."""
     import io
 
     from PIL import Image
 
-    from analysis import plots as P
+    from analysis.present import style as P
 
     def draw(ys: list[float]) -> tuple[np.ndarray, str]:
-        fig, (ax,) = P._panels(1, ["a"], 0)
+        fig, (ax,) = P.panel_grid(1, ["a"], 0)
         ax.plot([0, 1], ys)
-        P._style(ax, "model.d_model=64, norm.name=layernorm, norm.placement=post", "step", "loss")
+        P.style_axes(ax, "model.d_model=64, norm.name=layernorm, norm.placement=post", "step", "loss")
         offset = P._offset_text(ax.yaxis)
-        return np.asarray(Image.open(io.BytesIO(P._png(fig)))), offset
+        return np.asarray(Image.open(io.BytesIO(P.png_bytes(fig)))), offset
 
     pinned = {}
     for case, ys in {"plain": [3.0, 3.5], "offset": [1000.001, 1000.003]}.items():
@@ -398,7 +415,7 @@ def test_pinned_titles_are_where_matplotlib_places_them(monkeypatch):
 
 
 def test_mean_band_over_the_steps_every_run_logged():
-    from analysis import plots as P
+    from analysis.present.figures import curves as P
 
     a = pd.Series([1.0, 2.0, 3.0], index=[0, 10, 20])
     steps, mean, low, high = P._mean_band([a, pd.Series([3.0, 4.0, 7.0], index=[0, 10, 20])])
@@ -609,7 +626,7 @@ def fake_project() -> list[FakeRun]:
 def test_wandb_source_cache_and_offline(lr_sweep_dir, tmp_path, monkeypatch):
     import wandb
 
-    from analysis.wandb_source import RUNS_FILE, load_wandb
+    from analysis.sources.wandb_api import RUNS_FILE, load_wandb
 
     project = fake_project()
     monkeypatch.setattr(wandb, "Api", lambda *a, **k: FakeApi(project))
@@ -659,8 +676,8 @@ def test_wandb_source_cache_and_offline(lr_sweep_dir, tmp_path, monkeypatch):
 def test_wandb_fetch_failure_falls_back_to_cache_and_damage_is_a_problem(tmp_path, monkeypatch):
     import wandb
 
-    from analysis.load import AnalysisError
-    from analysis.wandb_source import load_wandb
+    from analysis.sources.load import AnalysisError
+    from analysis.sources.wandb_api import load_wandb
 
     monkeypatch.setattr(wandb, "Api", lambda *a, **k: FakeApi(fake_project()))
     load_wandb("ent/proj", tmp_path, group="study")
@@ -684,7 +701,7 @@ def test_wandb_fetch_failure_falls_back_to_cache_and_damage_is_a_problem(tmp_pat
 # --- W&B dashboard --------------------------------------------------------------------------------------
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # wandb-workspaces' pydantic v1-style validators
 def test_dashboard_spec_and_workspace(capsys):
-    from analysis.wandb_dashboard import PANEL_METRICS, build_workspace, main, workspace_spec
+    from analysis.publish.dashboard import PANEL_METRICS, build_workspace, main, workspace_spec
 
     spec = workspace_spec("ent/proj", ["norm.placement", "norm.name"], group="study")
     assert [s["name"] for s in spec["sections"]] == ["by norm.placement", "by norm.name"]
@@ -826,7 +843,7 @@ def test_every_table_cell_stays_inside_its_column(claims_report, tmp_path):
     for width in (1280, 800):
         assert cells_outside_their_columns(browser, claims_report, tmp_path, width) == [], width
     # a right-aligned (one-line) cell longer than a column may be widens its column rather than spilling over
-    from analysis.report import Table, render_html
+    from analysis.present.document import Table, render_html
 
     wide = (tmp_path / "wide") / "report.html"
     wide.parent.mkdir()
@@ -852,8 +869,8 @@ def test_markdown_renders_every_text_as_written():
     import html
 
     markdown_it = pytest.importorskip("markdown_it")
-    from analysis.plots import PlotFigure
-    from analysis.report import Bullets, Details, Fig, Heading, Para, Table, render_markdown
+    from analysis.present.document import Bullets, Details, Fig, Heading, Para, Table, render_markdown
+    from analysis.present.style import PlotFigure
 
     md = markdown_it.MarkdownIt("commonmark").enable(["table", "strikethrough"])
 
@@ -944,7 +961,7 @@ def test_arch_sweep_is_compared_along_arch(tmp_path):
     sets = set(comp.axis.keys)
     assert {"norm.name", "norm.placement", "position.name", "activation.name", "attention.name"} <= sets
     assert not any(k.startswith("choices.") for k in cs.ignored)  # choices.norm repeats norm.name: not listed
-    assert [a.label for a in cs.varied] == ["arch"] and not cs.notes
+    assert [a.label for a in cs.varied] == ["arch"] and not cs.entangled
     llama = comp.table.set_index("arm").loc["llama"]
     diffs = np.subtract(ARCH_FINALS["llama"], ARCH_FINALS["original"])  # paired by seed, written out here
     assert llama["delta_final_val_loss"] == pytest.approx(diffs.mean())
@@ -964,7 +981,7 @@ def test_arch_options_sharing_a_norm_are_still_one_axis(tmp_path):
     """original and gpt2 both use LayerNorm, llama RMSNorm: norm.name splits the runs differently from arch
     but only changes with it, so it is one of the keys arch sets, not an axis compared within arch."""
     cs = compare_runs(load_runs([arch_sweep(tmp_path, ("original", "gpt2", "llama"))]))
-    assert [c.axis.label for c in cs.comparisons] == ["arch"] and not cs.notes
+    assert [c.axis.label for c in cs.comparisons] == ["arch"] and not cs.entangled
     comp = cs.comparisons[0]
     assert "norm.name" in comp.axis.keys and comp.contexts == ["all runs"]
     assert comp.arms == ["gpt2", "llama", "original"]
@@ -1020,7 +1037,7 @@ def test_variant_bundles_are_one_axis_with_the_keys_they_set(tmp_path):
 
 def test_bundle_groups_are_the_global_package_groups():
     """The groups whose choice names an axis are the bundles of other groups' keys, not the axis groups."""
-    from analysis.compare import bundle_groups
+    from analysis.compute.compare import bundle_groups
 
     assert {"arch", "experiment", "variant", "debug"} <= bundle_groups()
     assert not {"model", "norm", "position", "activation", "attention", "optim", "data", "tracking"} & bundle_groups()
@@ -1029,7 +1046,7 @@ def test_bundle_groups_are_the_global_package_groups():
 def test_a_key_an_older_run_lacks_reads_as_the_schema_default():
     """Runs recorded before the schema gained model.parametrization and ladder.* compare with newer runs at the
     defaults as one arm (they split into "(missing)" and "sp" arms before); an unknown key stays missing."""
-    from analysis.load import MISSING_VALUE, _fill_missing_keys
+    from analysis.sources.load import MISSING_VALUE, _fill_missing_keys
 
     configs = {
         "old": {"norm.name": "layernorm"},
@@ -1047,8 +1064,8 @@ def test_keys_an_option_sets_in_its_own_group_belong_to_that_option():
     confounded axes of their own; optim.lr, crossed with the optimizer, stays an axis."""
     import pandas as pd
 
-    from analysis.compare import find_axes
-    from analysis.load import RunSet
+    from analysis.compute.compare import find_axes
+    from analysis.sources.load import RunSet
 
     opts = {"adamw": (1e-8, 0.0), "adafactor": (1e-30, 0.0), "sgd": (1e-8, 0.9)}
     configs = {

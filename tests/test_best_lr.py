@@ -12,8 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 from scipy import stats as st
 
-from analysis.best_lr import compare_at_best_lr
-from analysis.load import AnalysisError, load_runs
+from analysis.compute.best_lr import compare_at_best_lr
+from analysis.sources.load import AnalysisError, load_runs
 from lm_ablate import metrics as M
 
 # optimizer -> (momentum as its yaml sets it, {lr: final val loss of seeds 0, 1, 2}); None = diverged

@@ -22,7 +22,7 @@ import pytest
 from omegaconf import OmegaConf
 from scipy import stats as st
 
-from analysis.claims import (
+from analysis.compute.claims import (
     CONTRADICTED,
     HELD,
     INCONCLUSIVE,
@@ -36,8 +36,8 @@ from analysis.claims import (
     evaluate_claims,
     verdict,
 )
-from analysis.compare import compare_runs
-from analysis.load import (
+from analysis.compute.compare import compare_runs
+from analysis.sources.load import (
     FIRST_PROBE_PREFIX,
     INIT_VAL_LOSS,
     SUMMARY_KEYS,
@@ -114,7 +114,7 @@ def test_ratio_metric_is_judged_against_one_and_a_factor_band():
 
 def test_tost_verdict_agrees_with_two_one_sided_t_tests():
     """On paired data, 'held' for equal within δ must coincide with both one-sided t-tests rejecting at 5%
-    (H0: mean diff <= -δ, and H0: mean diff >= δ), computed here with scipy, not analysis.stats."""
+    (H0: mean diff <= -δ, and H0: mean diff >= δ), computed here with scipy, not analysis.compute.stats."""
     rng = np.random.default_rng(0)
     c = claim(expect="equal", margin=0.05)
     agree = 0
@@ -316,7 +316,7 @@ def test_untested_claims_say_why():
 
 def test_finding_counts_verdicts_per_context():
     """One sentence per claim: the verdict the tested contexts share, with the count when contexts differ."""
-    from analysis.claims_report import claim_finding
+    from analysis.present.sections.claims import claim_finding
 
     specs = [(("pre", lr), s, {M.FINAL_VAL_LOSS: v}) for lr in (1e-3, 1e-2) for s, v in enumerate([2.5, 2.6, 2.55])]
     specs += [(("post", 1e-3), s, {M.FINAL_VAL_LOSS: v}) for s, v in enumerate([2.4, 2.45, 2.42])]
@@ -360,8 +360,8 @@ def test_compute_multiplier_reads_the_scaling_study():
 def test_an_unbounded_multiplier_interval_is_shown_as_the_scaling_table_shows_it():
     """Issue 21.4: the Claims table gave the 10x multiplier without its interval when the bootstrap's upper end
     is ∞ (the baseline never reaches the arm's loss in 2.5% of resamples); the Scaling table shows [0.676×, ∞]."""
-    from analysis.claims_report import effect_text
-    from analysis.scaling_report import with_interval
+    from analysis.present.sections.claims import effect_text
+    from analysis.present.sections.scaling import with_interval
 
     c = claim(metric="compute_multiplier", expect="higher", at="10x")
     unbounded = Effect(1.647, 0.676, math.inf, math.nan, math.nan, math.nan, "bootstrap", 0, 5, 5, math.nan, math.nan)
@@ -374,7 +374,7 @@ def test_an_unbounded_multiplier_interval_is_shown_as_the_scaling_table_shows_it
 def test_extrapolation_attention_logit_and_spike_metrics():
     """Per-run values of the remaining metrics, each written out: val/loss@4x - final val loss; the largest
     attention logit over the history; spikes per 1000 steps."""
-    from analysis.load import MAX_ATTN_LOGIT_ALL
+    from analysis.sources.load import MAX_ATTN_LOGIT_ALL
 
     def hist(peak: float) -> pd.DataFrame:
         return pd.DataFrame({MAX_ATTN_LOGIT_ALL: [1.0, peak, np.nan]}, index=pd.Index([0, 10, 20], name=M.STEP))
@@ -600,8 +600,8 @@ def test_report_leads_with_claims_and_findings_and_writes_the_verdicts(grid, tmp
 
 
 def test_heatmap_marks_stalled_runs_and_renders(grid):
-    from analysis.heatmap_plots import grid_axes, heatmap_figures, stalled
-    from analysis.load import load_runs
+    from analysis.present.figures.heatmap import grid_axes, heatmap_figures, stalled
+    from analysis.sources.load import load_runs
 
     rs = load_runs([grid])
     (comp,) = [c for c in compare_runs(rs).comparisons if c.axis.name == "norm.placement"]
@@ -620,8 +620,8 @@ def test_heatmap_marks_stalled_runs_and_renders(grid):
 
 
 def test_a_claim_edited_between_runs_uses_the_majority_definition(grid, tmp_path):
-    from analysis.claims import claims_of
-    from analysis.load import load_runs
+    from analysis.compute.claims import claims_of
+    from analysis.sources.load import load_runs
 
     cfg_path = grid / "0" / M.CONFIG_FILE
     original = cfg_path.read_text()

@@ -24,10 +24,11 @@ import pytest
 from scipy.optimize import brentq, least_squares
 from test_analysis import write_run
 
-from analysis import scaling as S
-from analysis.load import load_runs
-from analysis.report import build_report, render_markdown
-from analysis.scaling_report import scaling_blocks
+from analysis.compute import scaling as S
+from analysis.present.document import render_markdown
+from analysis.present.sections.scaling import scaling_blocks
+from analysis.report import build_report
+from analysis.sources.load import load_runs
 from lm_ablate import metrics as M
 
 E0, ALPHA0, N0, EXCESS0 = 1.6, 0.3, 20_000, 1.2  # excess loss E0 + 1.2 at the smallest rung
@@ -420,10 +421,10 @@ def test_scaling_figures_keep_every_label_inside(noisy, monkeypatch):
     """Issue 21.4: the multiplier figure's y label (it names the baseline) was cut at the top of the image."""
     from dataclasses import replace
 
-    from analysis import scaling_plots
+    from analysis.present.figures import scaling as scaling_plots
 
     drawn = []
-    monkeypatch.setattr(scaling_plots, "_png", lambda fig: drawn.append(fig) or b"")
+    monkeypatch.setattr(scaling_plots, "png_bytes", lambda fig: drawn.append(fig) or b"")
     long_baseline = "activation.name=gelu, model.parametrization=sp, norm.placement=pre, optim.name=adamw"
     figures = scaling_plots.scaling_figures(replace(noisy, baseline=long_baseline))
     assert [f.name for f in figures] == ["scaling_loss-vs-compute", "scaling_compute-multiplier"]

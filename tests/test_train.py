@@ -117,7 +117,7 @@ def test_absurd_lr_ends_diverged(tmp_path, cache_dir):
     assert {raw[-1][M.TRAIN_LOSS], raw[-1][M.GRAD_NORM]} & set(M.NONFINITE)
     json.loads((tmp_path / "run" / M.SUMMARY_FILE).read_text(), parse_constant=strict)
     # and the analysis reads them back as the non-finite floats they stand for
-    from analysis.load import NONFINITE_STEP, load_runs
+    from analysis.sources.load import NONFINITE_STEP, load_runs
 
     rs = load_runs([tmp_path / "run"])
     (run_id,) = rs.history
@@ -139,7 +139,7 @@ def test_grad_norm_is_logged_before_clipping(tmp_path, cache_dir):
 def test_wandb_offline_run_holds_the_logged_metrics(tmp_path, cache_dir, monkeypatch):
     import wandb
 
-    from analysis.wandb_offline import find_run_files, read_run
+    from analysis.sources.wandb_offline import find_run_files, read_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     run(tmp_path, cache_dir, "tracking=wandb", "norm=rmsnorm", "study=wb_test")

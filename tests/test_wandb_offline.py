@@ -1,4 +1,4 @@
-"""Round-trip a real offline W&B run through analysis.wandb_offline (no network, nothing in $HOME)."""
+"""Round-trip a real offline W&B run through analysis.sources.wandb_offline (no network, nothing in $HOME)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import wandb
 from wandb.proto import wandb_internal_pb2 as pb
 
-from analysis.wandb_offline import find_run_files, iter_records, read_history, read_run
+from analysis.sources.wandb_offline import find_run_files, iter_records, read_history, read_run
 
 STEPS = 50
 CONFIG = {"norm": {"name": "rmsnorm", "placement": "pre"}, "optim": {"lr": 0.003}}

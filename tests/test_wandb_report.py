@@ -9,8 +9,8 @@ import json
 import pytest
 from test_claims import map_sweep
 
-from analysis.claims_report import findings
-from analysis.wandb_report import build_report_object, collect, main, report_spec
+from analysis.present.sections.claims import findings
+from analysis.publish.report import build_report_object, collect, main, report_spec
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def spec(runs, tmp_path_factory):
 
 def test_spec_has_the_reports_findings_claims_and_a_grid_per_axis(spec):
     spec, (rs, cs, claims) = spec
-    from analysis.claims import largest_effects
+    from analysis.compute.claims import largest_effects
 
     assert (spec["entity"], spec["project"], spec["group"]) == ("team", "proj", "prepost")
     blocks = spec["blocks"]

@@ -8,7 +8,7 @@ over, such as the LR grid of LR sensitivity, are not contexts):
     effect = metric(arm) / metric(baseline)     ratio metrics (tokens/s, attention logit, ...), null value 1,
                                                  computed on logs, so the estimate is a geometric-mean ratio
 
-with the report's own statistics (:func:`analysis.compare.compare_to_baseline`: the paired t-test over the seeds
+with the report's own statistics (:func:`analysis.compute.compare.compare_to_baseline`: the paired t-test over the seeds
 both arms ran when they share two, else Welch's; here at 95% and at 90%), then
 
     lower     held if high95 < null;   contradicted if low95 > null;  else inconclusive
@@ -40,17 +40,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.compare import (
-    ALL_RUNS,
-    LR_KEY,
-    Axis,
-    ComparisonSet,
-    _sort_key,
-    compare_to_baseline,
-    find_axes,
-    fmt_value,
-)
-from analysis.load import EXTRAPOLATION_KEY, FIRST_PROBE_PREFIX, INIT_VAL_LOSS, MAX_ATTN_LOGIT_ALL, RunSet
+from analysis.compute.compare import ALL_RUNS, LR_KEY, Axis, ComparisonSet, compare_to_baseline, find_axes
+from analysis.sources.load import EXTRAPOLATION_KEY, FIRST_PROBE_PREFIX, INIT_VAL_LOSS, MAX_ATTN_LOGIT_ALL, RunSet
+from analysis.sources.values import override_text, value_order
 from lm_ablate import metrics as M
 from lm_ablate.claim_spec import EQUAL, HIGHER, LOWER, Claim, parse_claims, resolve_key, same_value
 from lm_ablate.config import ConfigError
@@ -134,10 +126,10 @@ class ClaimSet:
             c, e = r.claim, r.effect
             row: dict[str, Any] = {
                 "claim_id": c.id, "source": c.source, "statement": c.statement, "axis": c.axis,
-                "arm": fmt_value(c.arm), "baseline": fmt_value(c.baseline),
-                "context_filter": ", ".join(f"{k}={fmt_value(v)}" for k, v in c.context), "metric": c.metric,
+                "arm": override_text(c.arm), "baseline": override_text(c.baseline),
+                "context_filter": ", ".join(f"{k}={override_text(v)}" for k, v in c.context), "metric": c.metric,
                 "expect": c.expect, "margin": c.margin if c.margin is not None else math.nan,
-                "at": "" if c.at is None else fmt_value(c.at), "context": r.context, "verdict": r.verdict,
+                "at": "" if c.at is None else override_text(c.at), "context": r.context, "verdict": r.verdict,
                 "claim_verdict": self.verdict(c.id), "null": c.null, "why": r.why,
             }  # fmt: skip
             for name in ("estimate", "low95", "high95", "low90", "high90", "p_value", "arm_value", "baseline_value"):
@@ -194,12 +186,12 @@ class Inputs:
     """What metrics share: the runs, and the scaling study (computed once, when a metric asks for it)."""
 
     rs: RunSet
-    scaling: Any = None  # analysis.scaling.ScalingStudy | None
+    scaling: Any = None  # analysis.compute.scaling.ScalingStudy | None
     scaling_done: bool = False
 
     def scaling_study(self) -> Any:
         if not self.scaling_done:
-            from analysis.scaling import scaling_study
+            from analysis.compute.scaling import scaling_study
 
             self.scaling, self.scaling_done = scaling_study(self.rs), True
         return self.scaling
@@ -406,7 +398,7 @@ def _lr_of(sel: Selection, run_id: str) -> float:
 
 def final_val_loss_at_best_lr(sel: Selection) -> Effect | str:
     """Each side at its own best LR (lowest mean final val loss over its completed seeds there), then compared
-    over seeds like a loss: the table "Each arm at its own best learning rate" (analysis/best_lr.py)."""
+    over seeds like a loss: the table "Each arm at its own best learning rate" (analysis/compute/best_lr.py)."""
     sides = []
     for ids in (sel.arm, sel.baseline):
         rows = _values(sel, ids, _column(M.FINAL_VAL_LOSS), (M.STATUS_COMPLETED,))
@@ -464,7 +456,7 @@ def best_lr_spread(sel: Selection, n_boot: int = 2000) -> Effect | str:
 
 
 def compute_multiplier(sel: Selection) -> Effect | str:
-    """CM of the arm's scaling fit against the scaling study's baseline fit (analysis/scaling.py), at the
+    """CM of the arm's scaling fit against the scaling study's baseline fit (analysis/compute/scaling.py), at the
     claim's ``at`` ("largest", "10x", "100x"; default largest); its interval is the study's bootstrap (95% only)."""
     study = sel.inputs.scaling_study()
     if study is None:
@@ -586,8 +578,8 @@ def _evaluate(inputs: Inputs, claim: Claim, axes: list[Axis]) -> list[ClaimResul
     groups: dict[str, tuple[tuple[Any, ...], list[str], list[str]]] = {}
     for r in members:
         cfg = rs.configs[r]
-        label = ", ".join(f"{a.label}={fmt_value(cfg[a.name])}" for a in others) or ALL_RUNS  # as compare.py
-        order = tuple(_sort_key(cfg[a.name]) for a in others)
+        label = ", ".join(f"{a.label}={override_text(cfg[a.name])}" for a in others) or ALL_RUNS  # as compare.py
+        order = tuple(value_order(cfg[a.name]) for a in others)
         _, arm, base = groups.setdefault(label, (order, [], []))
         if same_value(claim.arm, cfg.get(key)):
             arm.append(r)
@@ -597,7 +589,7 @@ def _evaluate(inputs: Inputs, claim: Claim, axes: list[Axis]) -> list[ClaimResul
     for label, (_, arm, base) in sorted(groups.items(), key=lambda kv: kv[1][0]):
         if not arm and not base:
             continue  # a context holding neither (another arm of a many-valued axis)
-        arm_label = fmt_value(rs.configs[arm[0]][axis.name]) if arm else fmt_value(claim.arm)
+        arm_label = override_text(rs.configs[arm[0]][axis.name]) if arm else override_text(claim.arm)
         common = dict(axis=axis.label, arm_label=arm_label, arm_runs=tuple(arm), baseline_runs=tuple(base))
         if not arm or not base:
             out.append(ClaimResult(claim, label, UNTESTED, None, WHY_NO_ARM if not arm else WHY_NO_BASELINE, **common))
@@ -665,7 +657,7 @@ def unsteady_speed(rs: RunSet, cs: ComparisonSet, limit: float = SPEED_SPREAD_LI
     trusted. One dict per such arm: ``arm`` (label), ``spread``, ``low``, ``high``, ``n``."""
     cells: dict[str, list[str]] = {}
     for r, cfg in rs.configs.items():
-        label = ", ".join(f"{a.label}={fmt_value(cfg[a.name])}" for a in cs.varied) or ALL_RUNS
+        label = ", ".join(f"{a.label}={override_text(cfg[a.name])}" for a in cs.varied) or ALL_RUNS
         cells.setdefault(label, []).append(r)
     speeds = _speeds(rs)
     out = []

@@ -23,9 +23,10 @@ import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
-from analysis.compare import Axis, Comparison, _sort_key, find_axes, fmt_value
-from analysis.load import RunSet
-from analysis.plots import PlotFigure, _png, _text, metric_title, slug
+from analysis.compute.compare import Axis, Comparison, find_axes
+from analysis.present.style import PlotFigure, label_text, metric_title, png_bytes, slug
+from analysis.sources.load import RunSet
+from analysis.sources.values import override_text, value_order
 from lm_ablate import metrics as M
 
 STALL_REL = 0.015  # a completed run whose val loss fell < 1.5% after its first evaluation is "stalled"
@@ -80,8 +81,8 @@ def heatmap_figures(rs: RunSet, comp: Comparison) -> list[PlotFigure]:
     if grid is None or comp.table.empty:
         return []
     rows_axis, cols_axis = grid
-    row_values = sorted({cfg[rows_axis.name] for cfg in rs.configs.values()}, key=_sort_key)
-    col_values = sorted({cfg[cols_axis.name] for cfg in rs.configs.values()}, key=_sort_key)
+    row_values = sorted({cfg[rows_axis.name] for cfg in rs.configs.values()}, key=value_order)
+    col_values = sorted({cfg[cols_axis.name] for cfg in rs.configs.values()}, key=value_order)
     members: dict[tuple[str, str], list[str]] = {}
     for r, key in comp.assignment.items():
         members.setdefault(key, []).append(r)
@@ -101,7 +102,7 @@ def heatmap_figures(rs: RunSet, comp: Comparison) -> list[PlotFigure]:
         image = np.full((n_rows, n_cols), np.nan)
         for i, rv in enumerate(row_values):
             for j, cv in enumerate(col_values):
-                context = f"{rows_axis.label}={fmt_value(rv)}, {cols_axis.label}={fmt_value(cv)}"
+                context = f"{rows_axis.label}={override_text(rv)}, {cols_axis.label}={override_text(cv)}"
                 row = table.loc[(context, arm)] if (context, arm) in table.index else None
                 delta = _num(row["delta_final_val_loss"]) if row is not None else math.nan
                 image[i, j] = delta
@@ -114,19 +115,19 @@ def heatmap_figures(rs: RunSet, comp: Comparison) -> list[PlotFigure]:
                         lines.append(text)
                         marked = True
                 colour = "black" if not math.isfinite(delta) or abs(delta) < 0.6 * vmax else "white"
-                ax.text(j, i, "\n".join(_text(t, 40) for t in lines), ha="center", va="center", fontsize=7,
+                ax.text(j, i, "\n".join(label_text(t, 40) for t in lines), ha="center", va="center", fontsize=7,
                         color=colour)  # fmt: skip
         shown = np.ma.masked_invalid(image)
         mesh = ax.imshow(shown, cmap=cmap, norm=norm, aspect="auto")
-        ax.set_xticks(range(n_cols), [fmt_value(v) for v in col_values], fontsize=8)
-        ax.set_yticks(range(n_rows), [fmt_value(v) for v in row_values], fontsize=8)
+        ax.set_xticks(range(n_cols), [override_text(v) for v in col_values], fontsize=8)
+        ax.set_yticks(range(n_rows), [override_text(v) for v in row_values], fontsize=8)
         ax.set_xlabel(cols_axis.label, fontsize=9)
         ax.set_ylabel(rows_axis.label, fontsize=9)
-        ax.set_title(_text(f"{arm} − {comp.baseline}", 50), fontsize=9)
+        ax.set_title(label_text(f"{arm} − {comp.baseline}", 50), fontsize=9)
         fig.colorbar(mesh, ax=ax, fraction=0.05, pad=0.03).set_label(f"Δ final {M.VAL_LOSS}", fontsize=8)
     title = (f"{comp.axis.label}: final {metric_title(M.VAL_LOSS)}, arm − baseline, by {rows_axis.label} × "
              f"{cols_axis.label}")  # fmt: skip
-    fig.suptitle(_text(title, int(width * 10)), fontsize=11)
+    fig.suptitle(label_text(title, int(width * 10)), fontsize=11)
     fig.subplots_adjust(left=0.95 / width, right=1 - 0.85 / width, top=1 - 0.95 / height, bottom=0.7 / height,
                         wspace=0.45)  # fmt: skip
     caption = (
@@ -141,7 +142,7 @@ def heatmap_figures(rs: RunSet, comp: Comparison) -> list[PlotFigure]:
             else " No run stalled or diverged."
         )
     )
-    return [PlotFigure(f"{slug(comp.axis.label)}_heatmap_1", title, caption, _png(fig))]
+    return [PlotFigure(f"{slug(comp.axis.label)}_heatmap_1", title, caption, png_bytes(fig))]
 
 
 def _num(x: Any) -> float:

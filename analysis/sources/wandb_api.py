@@ -1,4 +1,4 @@
-"""Runs of a W&B project as a :class:`~analysis.load.RunSet`, cached locally as Parquet.
+"""Runs of a W&B project as a :class:`~analysis.sources.load.RunSet`, cached locally as Parquet.
 
 The loop logs the same names to W&B as to metrics.jsonl (config: the resolved nested config; summary: our
 summary keys; history: our metric names at ``_step`` = our step), so a W&B run converts to the shape a run
@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis.load import (
+from analysis.sources.load import (
     BASE_COLUMNS,
     EXTRAPOLATION_KEY,
     LAYER_KEY,

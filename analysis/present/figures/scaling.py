@@ -2,8 +2,8 @@
 against compute.
 
 Both are single-panel log-log figures drawn with matplotlib's object API and encoded by
-:func:`analysis.plots._png`, like every other figure of the report. Only fitted runs are drawn (completed, at
-the chosen LR when the LR varies); the section's warnings list the rest.
+:func:`analysis.present.style.png_bytes`, like every other figure of the report. Only fitted runs are drawn
+(completed, at the chosen LR when the LR varies); the section's warnings list the rest.
 """
 
 from __future__ import annotations
@@ -13,17 +13,26 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from analysis.plots import COLORS, MARKERS, PlotFigure, _legend_cols, _plain_log_ticks, _png, _style, _text
-from analysis.scaling import EXTRAPOLATE, ScalingStudy
+from analysis.compute.scaling import EXTRAPOLATE, ScalingStudy
+from analysis.present.style import (
+    COLORS,
+    MARKERS,
+    PlotFigure,
+    label_text,
+    legend_columns,
+    plain_log_ticks,
+    png_bytes,
+    style_axes,
+)
 
 WIDTH, HEIGHT = 8.0, 4.6  # inches, before the legend rows
 FIT_POINTS = 200
 
 
 def _figure(labels: list[str], extra: int) -> Figure:
-    """One panel with room below for a legend of ``labels`` and ``extra`` entries (as plots._panels does)."""
-    lines = max([_text(label, 30).count("\n") + 1 for label in labels] + [1])
-    legend_rows = -(-(len(labels) + extra) // _legend_cols(WIDTH)) * lines
+    """One panel with room below for a legend of ``labels`` and ``extra`` entries (as style.panel_grid does)."""
+    lines = max([label_text(label, 30).count("\n") + 1 for label in labels] + [1])
+    legend_rows = -(-(len(labels) + extra) // legend_columns(WIDTH)) * lines
     bottom = 0.6 + 0.22 * legend_rows
     height = HEIGHT + bottom
     fig = Figure(figsize=(WIDTH, height))
@@ -37,9 +46,9 @@ def _colors(study: ScalingStudy) -> dict[str, str]:
 
 
 def _legend(fig: Figure, entries: list[tuple[str, str]], extra: list[Line2D]) -> None:
-    handles: list = [Patch(color=color, label=_text(label, 30)) for label, color in entries] + extra
+    handles: list = [Patch(color=color, label=label_text(label, 30)) for label, color in entries] + extra
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), fontsize=8, frameon=False,
-               ncols=min(len(handles), _legend_cols(fig.get_figwidth())))  # fmt: skip
+               ncols=min(len(handles), legend_columns(fig.get_figwidth())))  # fmt: skip
 
 
 def loss_compute_figure(study: ScalingStudy) -> PlotFigure | None:
@@ -82,8 +91,8 @@ def loss_compute_figure(study: ScalingStudy) -> PlotFigure | None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_ylim(min(ys) / 1.02, max(ys) * 1.02)
-    _plain_log_ticks(ax)
-    _style(ax, "", "training compute C = FLOPs/token × tokens (log)", "final val/loss (log)")
+    plain_log_ticks(ax)
+    style_axes(ax, "", "training compute C = FLOPs/token × tokens (log)", "final val/loss (log)")
     _legend(fig, [(label, color_of[a.arm]) for label, a in zip(labels, arms)], extra)
     title = "Final validation loss vs training compute"
     fig.suptitle(title, fontsize=11)
@@ -96,7 +105,7 @@ def loss_compute_figure(study: ScalingStudy) -> PlotFigure | None:
         "without it."
         + (" Only each (arm, rung)'s runs at its best learning rate are drawn." if study.lr_selected else "")
     )
-    return PlotFigure("scaling_loss-vs-compute", title, caption, _png(fig))
+    return PlotFigure("scaling_loss-vs-compute", title, caption, png_bytes(fig))
 
 
 def multiplier_figure(study: ScalingStudy) -> PlotFigure | None:
@@ -143,12 +152,12 @@ def multiplier_figure(study: ScalingStudy) -> PlotFigure | None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_ylim(bottom, top)
-    _plain_log_ticks(ax)
+    plain_log_ticks(ax)
     # the baseline is named in the title, which wraps: a y label as long as an arm's name would be cut off
-    _style(ax, "", "training compute C of the arm (log)", "compute multiplier CM (log)")
+    style_axes(ax, "", "training compute C of the arm (log)", "compute multiplier CM (log)")
     _legend(fig, [(label, color_of[label]) for label in labels], extra)
     title = f"Compute multiplier vs {study.baseline}"
-    fig.suptitle(_text(title, 90), fontsize=11)
+    fig.suptitle(label_text(title, 90), fontsize=11)
     caption = (
         f"Compute multiplier CM(C) of each arm against the baseline ({study.baseline}): the compute the "
         "baseline's fit needs to reach the loss the arm's fit reaches with C, divided by C (above 1: the arm "
@@ -158,7 +167,7 @@ def multiplier_figure(study: ScalingStudy) -> PlotFigure | None:
         "horizontal line is CM = 1. Where the band is wider than the panel it runs off its edge."
         + (" Triangles on the top edge: compute at which the point estimate is ∞." if infinite else "")
     )
-    return PlotFigure("scaling_compute-multiplier", title, caption, _png(fig))
+    return PlotFigure("scaling_compute-multiplier", title, caption, png_bytes(fig))
 
 
 def scaling_figures(study: ScalingStudy) -> list[PlotFigure]:

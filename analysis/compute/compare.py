@@ -1,4 +1,4 @@
-"""Work out what a set of runs varied, and compare the arms of each varied axis against a baseline.
+"""Work out what a set of runs varied, and compare the arms of each varied axis against a baseline: numbers only.
 
 The design is read from the configs, not declared: any config key whose value differs between runs is a
 candidate axis. Keys that always change together (``norm.name`` and ``norm.bias`` when RMSNorm has no bias)
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +33,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.load import INIT_VAL_LOSS, MISSING_VALUE, AnalysisError, RunSet
-from analysis.stats import mean_ci, paired, welch
+from analysis.compute.stats import mean_ci, paired, welch
+from analysis.sources.load import INIT_VAL_LOSS, AnalysisError, RunSet
+from analysis.sources.values import launch_order, matches_text, override_text, value_order
 from lm_ablate import metrics as M
 
 EXCLUDED_KEYS = frozenset(
@@ -51,7 +51,7 @@ ROW_COLUMNS = (
     "run_id", M.STATUS, M.SEED, *AGGREGATED, M.PARAMS_TOTAL, M.PARAMS_NON_EMBEDDING, M.STEPS,
 )  # what _arm_row reads  # fmt: skip
 LR_KEY = "optim.lr"
-CLAIMS_KEY = "claims"  # the study's claims (lm_ablate/claim_spec.py), read by analysis/claims.py
+CLAIMS_KEY = "claims"  # the study's claims (lm_ablate/claim_spec.py), read by analysis/compute/claims.py
 TEST_PAIRED = "paired"  # the `test` column: which test gave delta, its interval and p
 TEST_WELCH = "welch"
 
@@ -82,6 +82,15 @@ class Comparison:
     assignment: dict[str, tuple[str, str]]  # run_id -> (context, arm), for plots and run listings
 
 
+@dataclass(frozen=True)
+class Entangled:
+    """An axis that varies only together with other axes: no context holds two of its values, so it is not
+    compared on its own. ``others``: the labels of the other axes."""
+
+    axis: Axis
+    others: tuple[str, ...]
+
+
 @dataclass
 class ComparisonSet:
     comparisons: list[Comparison]
@@ -90,7 +99,7 @@ class ComparisonSet:
     fixed: dict[str, Any]  # key -> the one value all runs share
     ignored: dict[str, list[Any]]  # varied keys that are bookkeeping, not interventions (seed, devices, ...)
     left_out: list[str]  # runs without a readable config: they cannot be placed in an arm
-    notes: list[str] = field(default_factory=list)
+    entangled: list[Entangled] = field(default_factory=list)  # varied axes not compared on their own
 
     @property
     def table(self) -> pd.DataFrame:
@@ -102,47 +111,11 @@ class ComparisonSet:
         cfg = configs.get(run_id)
         if cfg is None:
             return "(no config)"
-        return ", ".join(f"{ax.label}={fmt_value(cfg.get(ax.name))}" for ax in self.varied) or ALL_RUNS
-
-
-def fmt_value(value: Any) -> str:
-    """Config value as written in YAML/Hydra overrides, so ``--baseline`` and the report use one spelling."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else str(value)
-    return str(value)
-
-
-def _sort_key(value: Any) -> tuple[int, Any]:
-    """Numbers numerically (lr 3e-4 < 1e-3), then booleans, then strings; null and missing last."""
-    if value is MISSING_VALUE or value == MISSING_VALUE:
-        return (4, "")
-    if value is None:
-        return (3, "")
-    if isinstance(value, bool):
-        return (1, int(value))
-    if isinstance(value, (int, float)):
-        return (0, value)
-    return (2, str(value))
+        return ", ".join(f"{ax.label}={override_text(cfg.get(ax.name))}" for ax in self.varied) or ALL_RUNS
 
 
 def _sorted_values(values: Iterable[Any]) -> list[Any]:
-    return sorted(set(values), key=_sort_key)
-
-
-def _matches(value: Any, text: str) -> bool:
-    """Does a config value equal a user-typed string? Numbers compare numerically, true/null case-blind."""
-    if fmt_value(value) == text or fmt_value(value).lower() == text.strip().lower():
-        return True
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            return float(text) == float(value)
-        except ValueError:
-            return False
-    return value is None and text.strip().lower() in ("none", "~", "")
+    return sorted(set(values), key=value_order)
 
 
 @functools.cache
@@ -272,7 +245,7 @@ def compare_runs(rs: RunSet, by: Sequence[str] | None = None, baseline: str | No
     axes, varied, fixed, ignored = find_axes(rs)
     run_ids = list(rs.configs)
     left_out = [r for r in rs.runs["run_id"] if r not in rs.configs]
-    notes: list[str] = []
+    entangled: list[Entangled] = []
     if by:
         chosen = [_axis_for_key(key, axes, varied, fixed) for key in by]
     else:
@@ -281,11 +254,7 @@ def compare_runs(rs: RunSet, by: Sequence[str] | None = None, baseline: str | No
             if _has_contrast(axis, axes, run_ids, rs):
                 chosen.append(axis)
             else:
-                others = ", ".join(a.label for a in axes if a != axis)
-                notes.append(
-                    f"{axis.label} varies only together with other axes ({others}): no context holds "
-                    "two of its values, so it is not compared on its own"
-                )
+                entangled.append(Entangled(axis, tuple(a.label for a in axes if a != axis)))
     base = parse_baseline(baseline)
     if base is not None:
         base = (resolve_key(base[0], (k for ax in chosen for k in ax.keys)), base[1])
@@ -295,7 +264,7 @@ def compare_runs(rs: RunSet, by: Sequence[str] | None = None, baseline: str | No
             + (", ".join(key_label(k) for ax in chosen for k in ax.keys) or "none")
         )
     comparisons = [_compare_axis(rs, axis, axes, run_ids, base) for axis in chosen]
-    return ComparisonSet(comparisons, axes, varied, fixed, ignored, left_out, notes)
+    return ComparisonSet(comparisons, axes, varied, fixed, ignored, left_out, entangled)
 
 
 def _axis_for_key(typed: str, axes: list[Axis], varied: dict[str, list[Any]], fixed: dict[str, Any]) -> Axis:
@@ -309,7 +278,7 @@ def _axis_for_key(typed: str, axes: list[Axis], varied: dict[str, list[Any]], fi
     available = ", ".join(key_label(k) for ax in axes for k in ax.keys) or "none"
     if key in fixed:
         raise AnalysisError(
-            f"--by {typed}: does not vary (every run has {fmt_value(fixed[key])}); keys that vary: {available}"
+            f"--by {typed}: does not vary (every run has {override_text(fixed[key])}); keys that vary: {available}"
         )
     raise AnalysisError(f"--by {typed}: unknown config key; keys that vary: {available}")
 
@@ -318,13 +287,8 @@ def _other_axes(axis: Axis, axes: list[Axis]) -> list[Axis]:
     return [a for a in axes if not set(a.keys) & set(axis.keys)]
 
 
-def _launch_order(run_id: str) -> list[tuple[int, Any]]:
-    """Natural order of run ids, so Hydra's job 10 comes after job 9 (not after job 1)."""
-    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", run_id) if part]
-
-
 def _context(cfg: dict[str, Any], others: list[Axis]) -> str:
-    return ", ".join(f"{a.label}={fmt_value(cfg[a.name])}" for a in others) or ALL_RUNS
+    return ", ".join(f"{a.label}={override_text(cfg[a.name])}" for a in others) or ALL_RUNS
 
 
 def _has_contrast(axis: Axis, axes: list[Axis], run_ids: list[str], rs: RunSet) -> bool:
@@ -340,9 +304,9 @@ def _assign(
 ) -> tuple[dict[str, tuple[str, str]], list[str]]:
     """(run_id -> (context, arm), contexts in the order of the other axes' values)."""
     others = _other_axes(axis, axes)
-    assignment = {r: (_context(rs.configs[r], others), fmt_value(rs.configs[r][axis.name])) for r in run_ids}
+    assignment = {r: (_context(rs.configs[r], others), override_text(rs.configs[r][axis.name])) for r in run_ids}
     context_order = sorted(
-        {(tuple(_sort_key(rs.configs[r][a.name]) for a in others), assignment[r][0]) for r in run_ids}
+        {(tuple(value_order(rs.configs[r][a.name]) for a in others), assignment[r][0]) for r in run_ids}
     )
     return assignment, list(dict.fromkeys(label for _, label in context_order))
 
@@ -351,17 +315,17 @@ def _compare_axis(
     rs: RunSet, axis: Axis, axes: list[Axis], run_ids: list[str], base: tuple[str, str] | None
 ) -> Comparison:
     arm_values = _sorted_values(rs.configs[r][axis.name] for r in run_ids)
-    arms = [fmt_value(v) for v in arm_values]
+    arms = [override_text(v) for v in arm_values]
     # default baseline: the arm of the first run launched (a sweep lists its baseline first: pre,post)
-    baseline = fmt_value(rs.configs[min(run_ids, key=_launch_order)][axis.name])
+    baseline = override_text(rs.configs[min(run_ids, key=launch_order)][axis.name])
     if base is not None and base[0] in axis.keys:
         key, text = base
-        hits = _sorted_values(rs.configs[r][axis.name] for r in run_ids if _matches(rs.configs[r][key], text))
+        hits = _sorted_values(rs.configs[r][axis.name] for r in run_ids if matches_text(rs.configs[r][key], text))
         if not hits:
-            shown = ", ".join(_sorted_values(fmt_value(rs.configs[r][key]) for r in run_ids))
+            shown = ", ".join(_sorted_values(override_text(rs.configs[r][key]) for r in run_ids))
             label = key_label(key)
             raise AnalysisError(f"--baseline {label}={text}: no run has that value; values of {label}: {shown}")
-        baseline = fmt_value(hits[0])
+        baseline = override_text(hits[0])
     assignment, contexts = _assign(rs, axis, axes, run_ids)
     members: dict[tuple[str, str], list[str]] = {}
     for r in run_ids:
@@ -409,7 +373,7 @@ def compare_to_baseline(
     """Δ final val loss (or any per-run value ``key``; arm - baseline) over the runs given, with its
     ``confidence`` interval: the paired t-test on the seeds both ran when they share at least two (seeds that
     only one arm ran are left out of it), else Welch's t-test. The result keeps the final-val-loss column
-    names whatever ``key`` is (analysis/claims.py reads other metrics through it)."""
+    names whatever ``key`` is (analysis/compute/claims.py reads other metrics through it)."""
     a, b = _seeds(arm, key), _seeds(base, key)
     shared = sorted(set(a) & set(b)) if a is not None and b is not None else []
     if len(shared) >= 2:
@@ -484,6 +448,7 @@ class LRSweep:
     ``points``: one row per (context, lr). ``best``: one row per context with the best learning rate and the
     learning-rate sensitivity. ``assignment``: run_id -> (context, lr as written) for the runs used.
     ``others``: the other varied axes; ``context_values``: context -> {other axis: value as written}.
+    ``left_out``: runs whose learning rate is not a positive number.
     """
 
     axis: Axis
@@ -494,7 +459,7 @@ class LRSweep:
     assignment: dict[str, tuple[str, str]]
     others: list[str] = field(default_factory=list)
     context_values: dict[str, dict[str, str]] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    left_out: int = 0
 
 
 def _is_number(v: Any) -> bool:
@@ -521,10 +486,7 @@ def lr_sweep(rs: RunSet, key: str = LR_KEY) -> LRSweep | None:
     if found is None:
         return None
     axis = Axis(key, (key, *(k for k in found.keys if k != key)))
-    notes: list[str] = []
     run_ids = [r for r in rs.configs if _is_number(rs.configs[r][key])]
-    if len(run_ids) < len(rs.configs):
-        notes.append(f"{len(rs.configs) - len(run_ids)} run(s) without a positive numeric {key} left out")
     if not run_ids:
         return None
     assignment, contexts = _assign(rs, axis, axes, run_ids)
@@ -544,9 +506,9 @@ def lr_sweep(rs: RunSet, key: str = LR_KEY) -> LRSweep | None:
         points += rows
         best.append(_lr_best(context, rows, arm_init_mean))
     others = [a.name for a in _other_axes(axis, axes)]
-    values = {assignment[r][0]: {a: fmt_value(rs.configs[r][a]) for a in others} for r in run_ids}
+    values = {assignment[r][0]: {a: override_text(rs.configs[r][a]) for a in others} for r in run_ids}
     return LRSweep(axis, contexts, lrs, pd.DataFrame(points), pd.DataFrame(best), assignment, others, values,
-                   notes)  # fmt: skip
+                   len(rs.configs) - len(run_ids))  # fmt: skip
 
 
 def _lr_point(
@@ -582,7 +544,7 @@ def _lr_best(context: str, rows: list[dict[str, Any]], arm_init: float) -> dict[
     return {
         "context": context,
         "n_lrs": len(grid),
-        "lr_grid": " ".join(fmt_value(v) for v in grid),
+        "lr_grid": " ".join(override_text(v) for v in grid),
         "best_lr": top["lr"] if top else math.nan,
         "best_at_edge": bool(top and len(grid) > 1 and top["lr"] in (min(grid), max(grid))),
         f"{M.FINAL_VAL_LOSS}_mean": top[final] if top else math.nan,

@@ -1,9 +1,5 @@
-"""Figures per arm for one comparison, and final loss against learning rate for an LR sweep.
-
-Matplotlib's object API with the Agg canvas is used instead of pyplot, so importing this module neither
-switches the caller's backend nor keeps figures alive in pyplot's global registry. Panels are laid out by
-hand rather than by the constrained-layout engine, which costs about as much as drawing the figure: a report
-on a big sweep draws dozens.
+"""Figures per arm for one comparison: curves over steps (losses, gradient norm, attention and output logits)
+and profiles at one moment (per-layer gradients at init, loss against context length).
 
 Each context of a comparison gets its own panel (arms are only compared within a context). Only completed
 runs enter a mean; runs that diverged or did not finish are drawn individually as dashed lines and named in
@@ -13,29 +9,33 @@ data no run logged is not drawn at all (the function returns no figure).
 
 from __future__ import annotations
 
-import io
 import math
-import re
-import textwrap
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection
-from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
-from matplotlib.ticker import FixedLocator, Locator, LogFormatter, NullLocator
-from matplotlib.transforms import blended_transform_factory
-from PIL import Image
+from matplotlib.ticker import FixedLocator, NullLocator
 
-from analysis.compare import Comparison, LRSweep
-from analysis.load import (
+from analysis.compute.compare import Comparison
+from analysis.compute.stats import mean_ci
+from analysis.present.style import (
+    COLORS,
+    MARKERS,
+    MAX_PANELS,
+    PlotFigure,
+    arm_legend,
+    label_text,
+    metric_title,
+    panel_grid,
+    plain_log_ticks,
+    png_bytes,
+    slug,
+    style_axes,
+)
+from analysis.sources.load import (
     EXTRAPOLATION_KEY,
     FIRST_PROBE_PREFIX,
     FIRST_PROBE_STEP,
@@ -43,46 +43,9 @@ from analysis.load import (
     MAX_ATTN_LOGIT_ALL,
     RunSet,
 )
-from analysis.stats import mean_ci
 from lm_ablate import metrics as M
 
-MAX_PANELS = 6  # per figure; more contexts wrap onto further figures
-COLUMNS = 3
-DPI = 110
-PANEL_W, PANEL_H = 4.6, 3.4  # inches per panel
 MAX_POINTS = 1500  # per drawn line: more than a 500-pixel-wide panel can show
-PNG_COMPRESS_LEVEL = 3
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
-MARKERS = ("o", "s", "^", "D", "v", "P", "*", "h", "<")
-# how a figure's title names a logged metric (axis labels and captions name the key itself)
-METRIC_TITLES = {
-    M.VAL_LOSS: "validation loss", M.TRAIN_LOSS: "training loss", M.GRAD_NORM: "gradient norm",
-    M.LOGITS_MAX_ABS: "largest |output logit|", M.LOGITS_MEAN_LOG_Z: "mean log-partition log Z",
-}  # fmt: skip
-
-
-def metric_title(metric: str) -> str:
-    """The words a title uses for ``metric`` (``val/loss`` -> ``validation loss``); other names as they are."""
-    return METRIC_TITLES.get(metric, metric)
-
-
-@dataclass
-class PlotFigure:
-    name: str  # file-name-safe slug, unique within a report
-    title: str
-    caption: str
-    png: bytes
-
-
-def _text(s: str, width: int = 60) -> str:
-    """Label-safe text: ``$`` would start mathtext, a leading ``_`` hides a legend entry."""
-    s = s.replace("$", r"\$")
-    s = " " + s if s.startswith("_") else s
-    return "\n".join(textwrap.wrap(s, width)) or " "
-
-
-def slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-")[:60] or "x"
 
 
 def ema(series: pd.Series, beta: float) -> pd.Series:
@@ -149,48 +112,6 @@ def _mean_band(curves: list[pd.Series]) -> tuple[pd.Index, np.ndarray, np.ndarra
     return index, values.mean(axis=1), values.min(axis=1), values.max(axis=1)
 
 
-def _grid(n: int) -> tuple[int, int]:
-    cols = min(COLUMNS, n)
-    return math.ceil(n / cols), cols
-
-
-def _panels(n: int, labels: Sequence[str] = (), extra: int = 0) -> tuple[Figure, list[Axes]]:
-    """A figure of ``n`` panels with fixed margins (inches): room for a suptitle above, two-line panel
-    titles, and below a legend of ``labels`` (wrapped as :func:`_legend` wraps them) and ``extra`` one-line
-    entries, in as many columns as the width takes."""
-    rows, cols = _grid(n)
-    lines = max([_text(label, 30).count("\n") + 1 for label in labels] + [1])
-    legend_rows = math.ceil((len(labels) + extra) / _legend_cols(PANEL_W * cols)) * lines
-    top, bottom, left, right = 0.55, 0.6 + 0.22 * legend_rows, 0.62, 0.15
-    gap_w, gap_h = 0.6, 0.85
-    width, height = PANEL_W * cols, PANEL_H * rows + top + bottom - 0.4
-    fig = Figure(figsize=(width, height))
-    axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    inner_w = (width - left - right - gap_w * (cols - 1)) / cols
-    inner_h = (height - top - bottom - gap_h * (rows - 1)) / rows
-    fig.subplots_adjust(
-        left=left / width, right=1 - right / width, top=1 - top / height, bottom=bottom / height,
-        wspace=gap_w / inner_w, hspace=gap_h / inner_h,
-    )  # fmt: skip
-    for ax in axes[n:]:
-        ax.set_visible(False)
-    return fig, list(axes[:n])
-
-
-def _png(fig: Figure) -> bytes:
-    """The figure as PNG at ``DPI``: RGB when every pixel is opaque (a quarter less to compress than
-    savefig's RGBA, for the same image), zlib level 3 (half of level 6's time; a report on a big sweep
-    encodes dozens of figures, and the files come out smaller than savefig's anyway)."""
-    canvas = FigureCanvasAgg(fig)
-    fig.set_dpi(DPI)
-    canvas.draw()
-    rgba = np.asarray(canvas.buffer_rgba())
-    image = Image.fromarray(np.ascontiguousarray(rgba[..., :3]) if (rgba[..., 3] == 255).all() else rgba)
-    buf = io.BytesIO()
-    image.save(buf, format="png", compress_level=PNG_COMPRESS_LEVEL, dpi=(DPI, DPI))
-    return buf.getvalue()
-
-
 def _statuses(rs: RunSet) -> dict[str, str]:
     return dict(zip(rs.runs["run_id"], rs.runs[M.STATUS]))
 
@@ -224,88 +145,6 @@ def _not_completed_note(rs: RunSet, comp: Comparison, contexts: list[str], avera
     more = f" and {len(runs) - 8} more" if len(runs) > 8 else ""
     what = "drawn alone and left out of the mean" if averaged else "not completed"
     return f" Dashed: runs {what}: {shown}{more}."
-
-
-def _legend_cols(width: float) -> int:
-    """Legend columns that fit a figure ``width`` inches wide (an entry of up to 30 characters at 8 pt)."""
-    return max(1, min(5, int(width // 2.6)))
-
-
-def _legend(fig: Figure, labels: list[str], extra: list[Line2D]) -> None:
-    handles: list = [Patch(color=COLORS[i % len(COLORS)], label=_text(a, 30)) for i, a in enumerate(labels)]
-    handles += extra
-    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), fontsize=8, frameon=False,
-               ncols=min(len(handles), _legend_cols(fig.get_figwidth())))  # fmt: skip
-
-
-def _style(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
-    """Titles, labels, tick sizes and the grid of a panel whose data and limits are final."""
-    # The title is pinned at the top (y=1), where matplotlib's automatic placement puts it too unless the y
-    # axis shows an offset text ("1e3", "+3.2") to clear, which is left to matplotlib; that placement takes
-    # the tight box of every y tick label of every panel at each draw (~8% of drawing a big report).
-    pinned = {} if _offset_text(ax.yaxis) else {"y": 1.0}
-    ax.set_title(_text(title), fontsize=9, **pinned)
-    ax.set_xlabel(xlabel, fontsize=8)
-    ax.set_ylabel(ylabel, fontsize=8)
-    ax.tick_params(which="both", labelsize=7)
-    ax.grid(alpha=0.3, which="both")
-
-
-def _offset_text(axis: Any) -> str:
-    """The offset text ("1e3", "+3.2") the axis will show, as its draw sets it from its current ticks."""
-    formatter = axis.get_major_formatter()
-    formatter.set_locs(axis.get_majorticklocs())
-    return formatter.get_offset()
-
-
-class _PlainLogFormatter(LogFormatter):
-    """LogFormatter's choice of which ticks to label, each written plainly ("0.4", "6"), not "4e-01"."""
-
-    def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
-        return f"{x:.3g}"
-
-
-def _plain_log_ticks(ax: Axes) -> None:
-    """Log-scale y ticks written as "6" or "0.4", not mathtext "6×10⁰" or "4e-01"."""
-    for setter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-        setter(_PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.5)))
-    _log_ticks_in_view(ax.yaxis)
-
-
-class _InView(Locator):
-    """``base``'s tick locations inside the axis's view, for a log axis.
-
-    Matplotlib builds a tick (three lines, two texts: about a millisecond) for every location a locator
-    returns before it drops those outside the view, and a log locator returns whole decades beyond both ends:
-    two thirds of a log panel's ticks were never drawn. Log formatters label from the view, not from the
-    locations, so the drawn ticks and labels are the same.
-    """
-
-    def __init__(self, base: Locator) -> None:
-        self.base = base
-
-    def set_axis(self, axis: Any) -> None:
-        super().set_axis(axis)
-        self.base.set_axis(axis)
-
-    def __call__(self) -> Sequence[float]:
-        locs = np.asarray(self.base(), dtype=float)
-        lo, hi = sorted(self.axis.get_view_interval())
-        return locs[(locs >= lo * (1 - 1e-6)) & (locs <= hi * (1 + 1e-6))]  # slack: matplotlib's "close"
-
-    def tick_values(self, vmin: float, vmax: float) -> Sequence[float]:
-        return self.base.tick_values(vmin, vmax)
-
-    def nonsingular(self, v0: float, v1: float) -> tuple[float, float]:
-        return self.base.nonsingular(v0, v1)
-
-    def view_limits(self, vmin: float, vmax: float) -> tuple[float, float]:
-        return self.base.view_limits(vmin, vmax)
-
-
-def _log_ticks_in_view(axis: Any) -> None:
-    axis.set_major_locator(_InView(axis.get_major_locator()))
-    axis.set_minor_locator(_InView(axis.get_minor_locator()))
 
 
 def _title(what: str, comp: Comparison, page: int, pages: int) -> str:
@@ -347,7 +186,7 @@ def curve_figures(
     ylabel = label + (f" (EMA {smoothing:g})" if smoothing else "")
     out = []
     for page, contexts in enumerate(pages, 1):
-        fig, axes = _panels(len(contexts), comp.arms, len(extra))
+        fig, axes = panel_grid(len(contexts), comp.arms, len(extra))
         drawn = False
         for ax, context in zip(axes, contexts):
             ylims: list[float] = []
@@ -382,16 +221,16 @@ def curve_figures(
                 if log_y and lo > 0:
                     ax.set_yscale("log")
                     ax.set_ylim(lo / 1.1, hi * 1.1)
-                    _plain_log_ticks(ax)
+                    plain_log_ticks(ax)
                 else:
                     pad = 0.05 * (hi - lo or abs(hi) or 1.0)
                     ax.set_ylim(lo - pad, hi + pad)
-            _style(ax, context, "step", ylabel)
+            style_axes(ax, context, "step", ylabel)
         if not drawn:
             continue
-        _legend(fig, comp.arms, extra)
+        arm_legend(fig, comp.arms, extra)
         title = _title(metric_title(label), comp, page, len(pages))
-        fig.suptitle(_text(title, 90), fontsize=11)
+        fig.suptitle(label_text(title, 90), fontsize=11)
         text = (
             caption
             + " Solid line: mean over completed runs at the steps all of them logged;"
@@ -401,7 +240,7 @@ def curve_figures(
             + _not_completed_note(rs, comp, contexts)
             + (_omitted_note(comp, max_pages) if page == len(pages) else "")
         )
-        out.append(PlotFigure(f"{slug(comp.axis.label)}_{kind}_{page}", title, text, _png(fig)))
+        out.append(PlotFigure(f"{slug(comp.axis.label)}_{kind}_{page}", title, text, png_bytes(fig)))
     return out
 
 
@@ -469,7 +308,7 @@ def grad_norm_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None
     ]
     out = []
     for page, contexts in enumerate(pages, 1):
-        fig, axes = _panels(len(contexts), comp.arms, len(extra))
+        fig, axes = panel_grid(len(contexts), comp.arms, len(extra))
         drawn = False
         for ax, context in zip(axes, contexts):
             scale = False
@@ -506,13 +345,13 @@ def grad_norm_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None
             if scale:  # matplotlib < 3.11 does not autoscale to a collection by itself
                 ax.autoscale_view()
             ax.set_yscale("log")
-            _plain_log_ticks(ax)
-            _style(ax, context, "step", f"{M.GRAD_NORM} (log)")
+            plain_log_ticks(ax)
+            style_axes(ax, context, "step", f"{M.GRAD_NORM} (log)")
         if not drawn:
             continue
-        _legend(fig, comp.arms, extra)
+        arm_legend(fig, comp.arms, extra)
         title = _title(metric_title(M.GRAD_NORM), comp, page, len(pages))
-        fig.suptitle(_text(title, 90), fontsize=11)
+        fig.suptitle(label_text(title, 90), fontsize=11)
         caption = (
             "Gradient norm before clipping, every run drawn on its own (log scale); "
             "triangles mark steps the "
@@ -520,7 +359,7 @@ def grad_norm_figures(rs: RunSet, comp: Comparison, max_pages: int | None = None
             + _not_completed_note(rs, comp, contexts, averaged=False)
             + (_omitted_note(comp, max_pages) if page == len(pages) else "")
         )
-        out.append(PlotFigure(f"{slug(comp.axis.label)}_grad-norm_{page}", title, caption, _png(fig)))
+        out.append(PlotFigure(f"{slug(comp.axis.label)}_grad-norm_{page}", title, caption, png_bytes(fig)))
     return out
 
 
@@ -549,7 +388,7 @@ def _profile_figures(
     extra = [Line2D([], [], color="0.3", marker="o", label="mean over runs; bars: 95% CI")]
     out = []
     for page, contexts in enumerate(pages, 1):
-        fig, axes = _panels(len(contexts), comp.arms, 1)
+        fig, axes = panel_grid(len(contexts), comp.arms, 1)
         drawn = False
         for ax, context in zip(axes, contexts):
             xs_all: set[float] = set()
@@ -576,20 +415,20 @@ def _profile_figures(
                 ax.set_xscale("log", base=2)
             if log_y:
                 ax.set_yscale("log")
-                _plain_log_ticks(ax)
+                plain_log_ticks(ax)
             if xs_all:
                 ticks = sorted(xs_all)
                 ax.xaxis.set_major_locator(FixedLocator(ticks))
                 ax.xaxis.set_minor_locator(NullLocator())
                 ax.set_xticklabels([_tick(t, kind) for t in ticks])
-            _style(ax, context, xlabel, ylabel)
+            style_axes(ax, context, xlabel, ylabel)
         if not drawn:
             continue
-        _legend(fig, comp.arms, extra)
+        arm_legend(fig, comp.arms, extra)
         title = _title(what, comp, page, len(pages))
-        fig.suptitle(_text(title, 90), fontsize=11)
+        fig.suptitle(label_text(title, 90), fontsize=11)
         text = caption + (_omitted_note(comp, max_pages) if page == len(pages) else "")
-        out.append(PlotFigure(f"{slug(comp.axis.label)}_{kind}_{page}", title, text, _png(fig)))
+        out.append(PlotFigure(f"{slug(comp.axis.label)}_{kind}_{page}", title, text, png_bytes(fig)))
     return out
 
 
@@ -671,97 +510,6 @@ def extrapolation_figures(rs: RunSet, comp: Comparison, max_pages: int | None = 
                  f"metrics row; k=1: final val loss), per arm of {comp.axis.label}; mean over completed runs "
                  "with 95% CI bars. A flat curve extrapolates; a rising one does not."),
     )  # fmt: skip
-
-
-# --- learning-rate sweep --------------------------------------------------------------------------------
-LINES_PER_PANEL = 8
-
-
-def _lr_layout(sweep: LRSweep) -> tuple[str | None, list[tuple[str, list[str]]]]:
-    """(axis drawn as lines, [(panel title, contexts)]). The other axis with the most values that still fit
-    in one panel is drawn as lines (colour = its value, the same in every panel); every combination of the
-    remaining axes gets a panel. Without such an axis, contexts are drawn eight to a panel."""
-    counts = {a: len({v[a] for v in sweep.context_values.values()}) for a in sweep.others}
-    fitting = [a for a in sweep.others if counts[a] <= LINES_PER_PANEL]
-    if not sweep.others:
-        return None, [("", list(sweep.contexts))]
-    if not fitting:
-        chunks = [sweep.contexts[i : i + LINES_PER_PANEL] for i in range(0, len(sweep.contexts), LINES_PER_PANEL)]
-        return None, [("", c) for c in chunks]
-    line_axis = max(fitting, key=lambda a: (counts[a], -sweep.others.index(a)))
-    panels: dict[str, list[str]] = {}
-    for context in sweep.contexts:
-        values = sweep.context_values.get(context, {})
-        title = ", ".join(f"{a}={values.get(a)}" for a in sweep.others if a != line_axis)
-        panels.setdefault(title, []).append(context)
-    return line_axis, list(panels.items())
-
-
-def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]:
-    """Final val loss against learning rate (log x), one line per arm: mean over completed runs with 95% CI
-    bars, the best LR circled, and an X along the top of the panel at every LR where a run diverged."""
-    points = sweep.points
-    if points.empty:
-        return []
-    line_axis, panels = _lr_layout(sweep)
-    if line_axis is None:
-        labels = list(sweep.contexts)
-        label_of = {c: c for c in labels}
-    else:
-        label_of = {c: f"{line_axis}={sweep.context_values[c][line_axis]}" for c in sweep.contexts}
-        labels = list(dict.fromkeys(label_of[c] for c in sweep.contexts))
-    pages = [panels[i : i + MAX_PANELS] for i in range(0, len(panels), MAX_PANELS)]
-    shown_pages = pages[:max_pages] if max_pages else pages
-    best = sweep.best.set_index("context")
-    final = M.FINAL_VAL_LOSS
-    extra = [
-        Line2D([], [], color="0.3", marker="o", label="mean of completed runs; bars: 95% CI"),
-        Line2D([], [], color="0.3", marker="o", ms=10, mfc="none", ls="", label="best LR of the arm"),
-        Line2D([], [], color="0.3", marker="X", ls="", label="a run diverged at this LR"),
-    ]
-    out = []
-    for page, group in enumerate(shown_pages, 1):
-        page_labels = labels if line_axis else [c for _, cs in group for c in cs]
-        fig, axes = _panels(len(group), page_labels, len(extra))
-        for ax, (title, contexts) in zip(axes, group):
-            trans = blended_transform_factory(ax.transData, ax.transAxes)
-            for context in contexts:
-                i = page_labels.index(label_of[context])
-                color, marker = COLORS[i % len(COLORS)], MARKERS[i % len(MARKERS)]
-                pts = points[points["context"] == context].sort_values("lr")
-                sel = pts[np.isfinite(pts[f"{final}_mean"].to_numpy(dtype=float))]
-                if len(sel):
-                    mean = sel[f"{final}_mean"].to_numpy(dtype=float)
-                    err = np.vstack([mean - sel[f"{final}_ci_low"], sel[f"{final}_ci_high"] - mean])
-                    err = np.where(np.isfinite(err), err, 0.0)
-                    ax.errorbar(sel["lr"], mean, yerr=err, color=color, marker=marker, ms=4, lw=1.4, capsize=2.5)
-                b = best.loc[context]
-                if np.isfinite(b["best_lr"]):
-                    ax.plot(b["best_lr"], b[f"{final}_mean"], marker="o", ms=12, mfc="none", mec=color, mew=1.5)
-                div = pts[pts["n_diverged"] > 0]
-                if len(div):
-                    ax.plot(div["lr"], [0.97 - 0.035 * (i % 8)] * len(div), ls="", marker="X", ms=6,
-                            color=color, transform=trans, clip_on=False)  # fmt: skip
-            ax.set_xscale("log")
-            _log_ticks_in_view(ax.xaxis)
-            _style(ax, title, sweep.axis.label + " (log)", f"final {M.VAL_LOSS}")
-        _legend(fig, page_labels, extra)
-        title = f"final {metric_title(M.VAL_LOSS)} vs {sweep.axis.label}" + (
-            f" ({page}/{len(shown_pages)})" if len(shown_pages) > 1 else ""
-        )
-        fig.suptitle(_text(title, 90), fontsize=11)
-        colour = f"; colour: {line_axis}, one panel per value of the rest" if line_axis and len(panels) > 1 else ""
-        omitted = len(shown_pages) < len(pages) and page == len(shown_pages)
-        caption = (
-            f"Final validation loss against {sweep.axis.label} (log scale), one line per arm (the values "
-            f"of the other varied axes{colour}): mean over completed runs with 95% Student-t bars (none with "
-            "one seed). The circle marks each arm's best LR; an X along the top marks an LR at which a run of "
-            "that arm diverged (a diverged run has no final loss to plot)."
-            + (f" Only the first {sum(len(p) for p in shown_pages)} of {len(panels)} panels are drawn; the "
-               "table holds every arm." if omitted else "")
-        )  # fmt: skip
-        out.append(PlotFigure(f"{slug(sweep.axis.label)}_lr-sweep_{page}", title, caption, _png(fig)))
-    return out
 
 
 # --- all figures of one comparison ----------------------------------------------------------------------

@@ -3,13 +3,13 @@
 Arms whose good LR ranges differ (SGD wants LRs ~100x AdamW's, Adafactor's LR is relative to each parameter's
 scale) are only fairly compared when each is tuned: Wen et al. 2025 ("Fantastic pretraining optimizers and
 where to find them") find most claimed speed-ups over AdamW shrink to 1.1-1.4x under equal tuning. So each arm
-is taken at the best LR of its own grid, as :func:`analysis.compare.lr_sweep` finds it (arms need not share
+is taken at the best LR of its own grid, as :func:`analysis.compute.compare.lr_sweep` finds it (arms need not share
 grid values: sweeps/optimizer.yaml gives every optimizer its own grid around its own reference LR), and
 
     delta = mean final val loss(arm at its best LR) - mean final val loss(baseline at its best LR)
 
 over the completed runs there, with its 95% interval: the paired t-test over the seeds both ran when they
-share at least two, else Welch's (:func:`analysis.compare.compare_to_baseline`, as in every comparison).
+share at least two, else Welch's (:func:`analysis.compute.compare.compare_to_baseline`, as in every comparison).
 
 Caveat, said in the report: the best LR is picked on the same runs its loss is read from, so every arm's loss
 at its best is biased low by the pick (the minimum of noisy means), more so for a finer grid or noisier runs.
@@ -25,8 +25,9 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.compare import LRSweep, compare_to_baseline, fmt_value, lr_sweep
-from analysis.load import AnalysisError, RunSet
+from analysis.compute.compare import LRSweep, compare_to_baseline, lr_sweep
+from analysis.sources.load import AnalysisError, RunSet
+from analysis.sources.values import launch_order, override_text
 from lm_ablate import metrics as M
 
 
@@ -80,7 +81,7 @@ def _runs_at(sweep: LRSweep, records: pd.DataFrame, context: str, lr: float) -> 
     """The completed runs with a finite final loss of one arm at one LR, as compare_to_baseline reads them."""
     if not math.isfinite(lr):
         return []
-    wanted = fmt_value(lr)
+    wanted = override_text(lr)
     ids = [r for r, (c, value) in sweep.assignment.items() if c == context and _same_lr(value, wanted, lr)]
     out = []
     for r in ids:
@@ -100,7 +101,7 @@ def _same_lr(written: str, wanted: str, lr: float) -> bool:
 
 def _baseline(sweep: LRSweep, spec: str | None) -> str:
     if spec is None:
-        first = min(sweep.assignment, key=_launch_key)
+        first = min(sweep.assignment, key=launch_order)
         return sweep.assignment[first][0]
     if spec in sweep.contexts:
         return spec
@@ -118,10 +119,3 @@ def _baseline(sweep: LRSweep, spec: str | None) -> str:
 
 def _values(sweep: LRSweep, context: str) -> dict[str, str]:
     return {k.removeprefix("choices."): v for k, v in sweep.context_values.get(context, {}).items()}
-
-
-def _launch_key(run_id: str) -> list[tuple[int, Any]]:
-    """Natural order of run ids (Hydra's job 10 after job 9), as the comparisons order them."""
-    import re
-
-    return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", run_id) if p]

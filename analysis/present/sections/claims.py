@@ -1,7 +1,7 @@
-"""The report's Claims section and Findings list: the words for an :class:`analysis.claims.ClaimSet`.
+"""The report's Claims section and Findings list: the words for an :class:`analysis.compute.claims.ClaimSet`.
 
-Every sentence for people about claims lives here (analysis/claims.py holds numbers and verdict codes); the
-HTML/Markdown report (analysis/report.py) and the W&B report (analysis/wandb_report.py) both use it.
+Every sentence for people about claims lives here (analysis/compute/claims.py holds numbers and verdict codes);
+the HTML/Markdown report (analysis/report.py) and the W&B report (analysis/publish/report.py) both use it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.claims import (
+from analysis.compute.claims import (
     CONTRADICTED,
     HELD,
     INCONCLUSIVE,
@@ -37,7 +37,10 @@ from analysis.claims import (
     ClaimSet,
     Effect,
 )
-from analysis.compare import TEST_PAIRED, TEST_WELCH, fmt_value
+from analysis.compute.compare import TEST_PAIRED, TEST_WELCH
+from analysis.present.document import Block, Bullets, Heading, Para, Table
+from analysis.present.format import finite
+from analysis.sources.values import override_text
 from lm_ablate.claim_spec import EQUAL, HIGHER, LOWER, Claim
 
 MAX_CONTEXTS_IN_FINDING = 4
@@ -78,12 +81,8 @@ VERDICT_TEXT = {HELD: "held", CONTRADICTED: "contradicted", INCONCLUSIVE: "incon
                 MIXED: "mixed"}  # fmt: skip
 
 
-def _ok(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def metric_text(claim: Claim) -> str:
-    k = fmt_value(claim.at) if claim.at is not None else "4"
+    k = override_text(claim.at) if claim.at is not None else "4"
     return METRIC_WORDS.get(claim.metric, claim.metric).replace("{k}", k)
 
 
@@ -96,7 +95,7 @@ def _infinite(x: Any) -> bool:
 
 
 def value_text(x: Any, claim: Claim, signed: bool = True) -> str:
-    if not _ok(x):
+    if not finite(x):
         return "∞" if _infinite(x) else "–"
     if claim.spec.ratio:
         return f"{x:.3f}×"
@@ -106,7 +105,7 @@ def value_text(x: Any, claim: Claim, signed: bool = True) -> str:
 def interval_text(low: Any, high: Any, claim: Claim) -> str:
     """``[low, high]``; an upper end of +∞ (a compute multiplier's bootstrap) is shown as ∞, as the Scaling
     table shows it; "" when either end is missing."""
-    if not (_ok(low) and (_ok(high) or _infinite(high))):
+    if not (finite(low) and (finite(high) or _infinite(high))):
         return ""
     return f"[{_bound(low, claim)}, {_bound(high, claim)}]"
 
@@ -127,12 +126,12 @@ def effect_text(effect: Effect | None, claim: Claim) -> str:
 def comparison_text(claim: Claim) -> str:
     """``post − pre`` or ``rmsnorm / layernorm``: what the effect is."""
     op = " / " if claim.spec.ratio else " − "
-    return fmt_value(claim.arm) + op + fmt_value(claim.baseline)
+    return override_text(claim.arm) + op + override_text(claim.baseline)
 
 
 def expectation_text(claim: Claim) -> str:
     """``final val loss: post higher than pre``."""
-    arm, base = fmt_value(claim.arm), fmt_value(claim.baseline)
+    arm, base = override_text(claim.arm), override_text(claim.baseline)
     if claim.expect == LOWER:
         rel = f"{arm} lower than {base}"
     elif claim.expect == HIGHER:
@@ -178,10 +177,8 @@ CLAIMS_INTRO = (
 )
 
 
-def claims_blocks(claims: ClaimSet) -> list[Any]:
+def claims_blocks(claims: ClaimSet) -> list[Block]:
     """Heading, the rule, the table (one row per claim and context), and any claim-definition problems."""
-    from analysis.report import Bullets, Heading, Para, Table
-
     headers = ["claim", "expected", "context", "effect [95% CI]", "test", "verdict"]
     rows = []
     for r in claims.results:
@@ -195,7 +192,7 @@ def claims_blocks(claims: ClaimSet) -> list[Any]:
             VERDICT_TEXT[r.verdict] + (f" ({note})" if note else ""),
         ])  # fmt: skip
     # the effect is text that wraps (two intervals for an "equal" claim), not a one-line number
-    out: list[Any] = [Heading(2, "Claims"), Para(CLAIMS_INTRO), Table(headers, rows)]
+    out: list[Block] = [Heading(2, "Claims"), Para(CLAIMS_INTRO), Table(headers, rows)]
     problems = [f"{run}: {err} (its claims are ignored)" for run, err in claims.invalid]
     problems += [
         f"Claim {cid} is defined differently in different runs (the study file changed between runs): the "
@@ -238,7 +235,7 @@ def claim_finding(claims: ClaimSet, claim: Claim) -> str:
 def effect_finding(row: pd.Series, baseline: str) -> str:
     context = "" if row["context"] == "all runs" else f" ({row['context']})"
     p = row["p_value"]
-    p_words = "p < 0.001" if _ok(p) and p < 0.001 else f"p = {p:.3f}" if _ok(p) else ""
+    p_words = "p < 0.001" if finite(p) and p < 0.001 else f"p = {p:.3f}" if finite(p) else ""
     return (
         f"{row['axis']} = {row['arm']} vs {baseline}{context}: final val loss Δ {row['delta_final_val_loss']:+.4f} "
         f"[{row['delta_ci_low']:+.4f}, {row['delta_ci_high']:+.4f}]" + (f", {p_words}" if p_words else "") + "."
@@ -247,7 +244,7 @@ def effect_finding(row: pd.Series, baseline: str) -> str:
 
 def findings(claims: ClaimSet | None, effects: pd.DataFrame, baselines: dict[str, str]) -> list[str]:
     """The summary's first list: every claim's verdict with its numbers, then the largest effects on final
-    val loss (``effects``: rows of the comparison table, from analysis.claims.largest_effects; ``baselines``:
+    val loss (``effects``: rows of the comparison table, from analysis.compute.claims.largest_effects; ``baselines``:
     axis label -> its baseline arm)."""
     items = [claim_finding(claims, c) for c in claims.claims] if claims is not None else []
     if len(effects):

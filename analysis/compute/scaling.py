@@ -2,7 +2,7 @@
 
 A study that trains every arm at several model sizes (the rungs of a ladder) asks whether a difference between
 arms survives scale. This module turns the runs of such a study into fits, intervals and warning codes; the
-report's Scaling section (analysis/scaling_report.py) turns them into words and figures.
+report's Scaling section (analysis/present/sections/scaling.py) turns them into words and figures.
 
 =====================  ========================================================  ==============================
 quantity               definition                                                source
@@ -64,18 +64,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.compare import (  # the report's private helpers too: one launch order, matching and sorting
-    LR_KEY,
-    Axis,
-    _launch_order,
-    _matches,
-    _sort_key,
-    find_axes,
-    fmt_value,
-    is_candidate,
-    parse_baseline,
-)
-from analysis.load import MISSING_VALUE, AnalysisError, RunSet
+from analysis.compute.compare import LR_KEY, Axis, find_axes, is_candidate, parse_baseline
+from analysis.sources.load import MISSING_VALUE, AnalysisError, RunSet
+from analysis.sources.values import launch_order, matches_text, override_text, value_order
 from lm_ablate import metrics as M
 
 RUNG_KEY = "ladder.rung"
@@ -280,7 +271,7 @@ class ScalingStudy:
         for a in self.arms:
             row: dict[str, Any] = {"arm": a.arm, "is_baseline": a.is_baseline, "n_rungs": len(a.rungs),
                                    "n_runs": sum(len(r.run_ids) for r in a.rungs)}  # fmt: skip
-            row.update({f"arm.{k}": fmt_value(v) for k, v in a.values.items()})
+            row.update({f"arm.{k}": override_text(v) for k, v in a.values.items()})
             fit = a.fit
             for p in PARAMS:
                 row[p] = getattr(fit, p) if fit else math.nan
@@ -543,10 +534,10 @@ def _design(rs: RunSet) -> _Design | None:
         size_of = {v: [p for p in (params.get(r, math.nan) for r in members) if math.isfinite(p)]
                    for v, members in cells.items()}  # fmt: skip
         order = sorted(cells, key=lambda v: (float(np.median(size_of[v])) if size_of[v] else math.inf,
-                                             [_sort_key(x) for x in v]))  # fmt: skip
+                                             [value_order(x) for x in v]))  # fmt: skip
         index = {v: i for i, v in enumerate(order)}
         rung_of = {r: index[v] for v, members in cells.items() for r in members}
-        label = {i: ", ".join(f"{n}={fmt_value(x)}" for n, x in zip(names, v)) for i, v in enumerate(order)}
+        label = {i: ", ".join(f"{n}={override_text(x)}" for n, x in zip(names, v)) for i, v in enumerate(order)}
         size = ", ".join(names)
         size_keys = {k for a in size_axes for k in a.keys} | (SIZE_KEYS & set(varied))
     if len(set(rung_of.values())) < 2:
@@ -559,7 +550,7 @@ def _design(rs: RunSet) -> _Design | None:
 
 
 def _arm_label(cfg: dict[str, Any], axes: list[Axis]) -> str:
-    return ", ".join(f"{a.label}={fmt_value(cfg[a.name])}" for a in axes) or NO_ARM
+    return ", ".join(f"{a.label}={override_text(cfg[a.name])}" for a in axes) or NO_ARM
 
 
 def _num(v: Any) -> float:
@@ -571,7 +562,7 @@ def _num(v: Any) -> float:
 
 def run_compute(rs: RunSet) -> dict[str, float]:
     """C = flops_per_token × tokens per run. FLOPs/token comes from the runs table when the loader carries it
-    (``analysis.load.SUMMARY_KEYS``), else from the run directory's summary.json."""
+    (``analysis.sources.load.SUMMARY_KEYS``), else from the run directory's summary.json."""
     tokens = dict(zip(rs.runs["run_id"], pd.to_numeric(rs.runs[M.TOTAL_TOKENS], errors="coerce")))
     if M.FLOPS_PER_TOKEN in rs.runs.columns:
         fpt = dict(zip(rs.runs["run_id"], pd.to_numeric(rs.runs[M.FLOPS_PER_TOKEN], errors="coerce")))
@@ -611,13 +602,13 @@ def scaling_study(
     loss = dict(zip(rs.runs["run_id"], pd.to_numeric(rs.runs[M.FINAL_VAL_LOSS], errors="coerce")))
     params = _params(rs)
     compute = run_compute(rs)
-    placed = sorted(design.rung_of, key=_launch_order)
+    placed = sorted(design.rung_of, key=launch_order)
     arm_of = {r: _arm_label(rs.configs[r], design.arm_axes) for r in placed}
     first = {arm_of[r]: rs.configs[r] for r in reversed(placed)}  # arm -> the config of its first run
     values = {name: {a.name: cfg[a.name] for a in design.arm_axes} for name, cfg in first.items()}
     base = _baseline(rs, baseline, design, arm_of, placed, warnings)
     arm_names = [base] + sorted((a for a in first if a != base),
-                                key=lambda a: [_sort_key(v) for v in values[a].values()])  # fmt: skip
+                                key=lambda a: [value_order(v) for v in values[a].values()])  # fmt: skip
 
     cells: dict[tuple[str, int], list[str]] = {}
     for r in placed:
@@ -627,7 +618,7 @@ def scaling_study(
     for name in arm_names:
         rungs = []
         for rung in sorted({k for a, k in cells if a == name}):
-            members = sorted(cells[(name, rung)], key=lambda r: (_sort_key(rs.configs[r].get(M.SEED)), r))
+            members = sorted(cells[(name, rung)], key=lambda r: (value_order(rs.configs[r].get(M.SEED)), r))
             cell = _cell(rs, design, name, rung, members, status, loss, compute, params, bad, warnings)
             if cell is not None:
                 rungs.append(cell)
@@ -651,12 +642,12 @@ def _baseline(
     rs: RunSet, spec: str | None, design: _Design, arm_of: dict[str, str], placed: list[str],
     warnings: list[ScalingWarning],
 ) -> str:  # fmt: skip
-    ids = sorted(placed, key=_launch_order)
+    ids = sorted(placed, key=launch_order)
     parsed = parse_baseline(spec)
     if parsed is not None:
         key, text = parsed
         if any(key in a.keys for a in design.arm_axes):
-            hits = [r for r in ids if _matches(rs.configs[r][key], text)]
+            hits = [r for r in ids if matches_text(rs.configs[r][key], text)]
             if not hits:
                 raise AnalysisError(f"--baseline {key}={text}: no run of the scaling study has that value")
             return arm_of[hits[0]]

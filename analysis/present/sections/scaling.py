@@ -1,17 +1,13 @@
-"""The report's Scaling section: the words, tables and figures for an :class:`analysis.scaling.ScalingStudy`.
+"""The report's Scaling section: the words, tables and figures for a :class:`analysis.compute.scaling.ScalingStudy`.
 
-Every sentence for people about a scaling study lives here; analysis/scaling.py holds only numbers and
+Every sentence for people about a scaling study lives here; analysis/compute/scaling.py holds only numbers and
 warning codes. The section appears whenever the study varies model size (a ladder, or a sweep over
 ``model=...`` whose parameter counts differ).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
-from analysis.report import Block, Bullets, Details, Fig, Heading, Para, Table
-from analysis.scaling import (
+from analysis.compute.scaling import (
     EXTRAPOLATE,
     HELD_OUT_GOAL,
     MIN_RUNGS,
@@ -37,44 +33,13 @@ from analysis.scaling import (
     ScalingStudy,
     ScalingWarning,
 )
-from analysis.scaling_plots import scaling_figures
+from analysis.present.document import Block, Bullets, Details, Fig, Heading, Para, Table
+from analysis.present.figures.scaling import scaling_figures
+from analysis.present.format import cm_text, fixed, number, pct, sci, with_interval
 
 SCALING_CSV = "scaling"  # one row per arm: fit, intervals, held-out check, compute multipliers
 SCALING_RUNGS_CSV = "scaling_rungs"  # one row per (arm, rung): the points each fit saw
 MAX_LISTED = 8  # run ids named in one warning
-
-
-def _ok(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
-
-
-def sci(x: Any, digits: int = 3) -> str:
-    """1.23e13 style, ∞ for +inf, – for missing."""
-    if not _ok(x):
-        return "–"
-    return "∞" if math.isinf(x) else f"{x:.{digits - 1}e}".replace("e+", "e")
-
-
-def fixed(x: Any, digits: int = 4) -> str:
-    if not _ok(x):
-        return "–"
-    return "∞" if math.isinf(x) else f"{x:.{digits}f}"
-
-
-def with_interval(value: Any, low: Any, high: Any, fmt: Any = fixed) -> str:
-    if not _ok(value):
-        return "–"
-    return f"{fmt(value)} [{fmt(low)}, {fmt(high)}]" if _ok(low) and _ok(high) else fmt(value)
-
-
-def pct(x: Any) -> str:
-    return f"{100 * x:.2f}%" if _ok(x) else "–"
-
-
-def cm_text(x: Any) -> str:
-    if not _ok(x):
-        return "–"
-    return "∞" if math.isinf(x) else f"{x:.3f}×"
 
 
 def _runs(ids: tuple[str, ...], status: dict[str, str] | None = None) -> str:
@@ -135,7 +100,7 @@ def warning_text(w: ScalingWarning, study: ScalingStudy, status: dict[str, str] 
 
 def multiplier_reading(m: Multiplier) -> str:
     """What the interval says, and how far it is extrapolated."""
-    if not (_ok(m.low) and _ok(m.high)):
+    if not (number(m.low) and number(m.high)):
         verdict = "no interval"
     elif m.includes_one:
         verdict = "interval includes 1: no evidence of a difference"
@@ -149,7 +114,9 @@ def multiplier_reading(m: Multiplier) -> str:
         where = f"fits extrapolated up to {m.factor:.3g}× beyond their rungs"
         if m.beyond_validated:
             checked = (
-                f"held-out check covered {m.validated_factor:.3g}×" if _ok(m.validated_factor) else "no held-out check"
+                f"held-out check covered {m.validated_factor:.3g}×"
+                if number(m.validated_factor)
+                else "no held-out check"
             )
             where += f"; beyond the validated range ({checked})"
         else:
@@ -200,7 +167,7 @@ def _rung_table(study: ScalingStudy) -> Table:
     rows = []
     for a in study.arms:
         for r in a.rungs:
-            row = [a.arm, r.label, f"{r.params:,.0f}" if _ok(r.params) else "–", sci(r.compute), str(r.n_runs),
+            row = [a.arm, r.label, f"{r.params:,.0f}" if number(r.params) else "–", sci(r.compute), str(r.n_runs),
                    str(len(r.run_ids)), fixed(r.mean_loss), f"{fixed(min(r.losses))}–{fixed(max(r.losses))}",
                    fixed(float(a.fit.loss(r.compute))) if a.fit else "–"]  # fmt: skip
             if study.lr_selected:

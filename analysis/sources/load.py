@@ -75,7 +75,7 @@ class AnalysisError(Exception):
 
 @dataclass
 class RunSet:
-    """Everything loaded from a set of runs (run directories, or a W&B project via analysis.wandb_source).
+    """Everything loaded from a set of runs (run directories, or a W&B project via analysis.sources.wandb_api).
 
     ``runs``: one row per run, keyed by ``run_id`` (path relative to the common ancestor of all runs, so ids
     stay unique across several sweeps). ``configs``: the flattened config of every run whose config could be

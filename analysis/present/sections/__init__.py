@@ -1,0 +1,1 @@
+"""The report's sections: each turns compute/ results into blocks of the document model."""
