@@ -94,9 +94,10 @@ def config(a: argparse.Namespace):
 
 
 def build(name: str, a: argparse.Namespace, device: torch.device) -> Candidate:
+    from lm_ablate.catalog import load_all
     from lm_ablate.model import TransformerLM, model_cost
     from lm_ablate.perf import compile_step
-    from lm_ablate.registry import OPTIMIZERS, REGULARIZERS, load_all
+    from lm_ablate.registry import OPTIMIZERS, REGULARIZERS
 
     load_all()
     cfg = config(a)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lm_ablate.config import ConfigError
+from lm_ablate.errors import ConfigError
 
 FORMAT = 1
 DIR_NAME = "checkpoints"
@@ -158,7 +158,7 @@ def schema_defaults() -> dict[str, Any]:
     """Every key of the config schema with its default, flat (``model.parametrization: "sp"``, ...)."""
     from omegaconf import OmegaConf
 
-    from lm_ablate.config import Config
+    from lm_ablate.schema import Config
 
     return flat_config(OmegaConf.to_container(OmegaConf.structured(Config), resolve=False))
 
@@ -173,7 +173,12 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     for k in DERIVED:  # lacking on one side: that side agrees with the other
         if k not in a or k not in b:
             a[k] = b[k] = a.get(k, b.get(k))
-    keys = sorted(set(a) | set(b))
+    from lm_ablate.options import unread
+
+    # a key the current options do not read changes nothing: null now, a value in a record written before
+    # options owned their keys (lm_ablate/options.py)
+    ignored = {item.key for item in unread(current)}
+    keys = sorted((set(a) | set(b)) - ignored)
     value = lambda side, k: side[k] if k in side else defaults.get(k)
     return [k for k in keys if value(a, k) != value(b, k) and not k.startswith(RESUME_MAY_DIFFER)]
 

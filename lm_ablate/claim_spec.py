@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lm_ablate.config import bad
+from lm_ablate.errors import bad
 
 LOWER, HIGHER, EQUAL = "lower", "higher", "equal"
 DIRECTIONS = (LOWER, HIGHER, EQUAL)

@@ -22,39 +22,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from omegaconf import DictConfig, open_dict
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lm_ablate.config import bad
-
-SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "head_dim")  # what a rung may set, as model.<key>
-REQUIRED = ("d_model", "n_layers", "n_heads")
-LR_RULES = ("fixed", "grid", "mup")
-
-
-def check_config(cfg: Any) -> None:
-    """The ladder's own keys (one line naming the key); sizes are checked as model.* once applied."""
-    lad = cfg.ladder
-    if lad.name is None:
-        return
-    rungs = list(lad.rungs)
-    if len(rungs) < 2:
-        raise bad("ladder.rungs", rungs, "a ladder needs at least 2 rungs (shapes of increasing size)")
-    for i, rung in enumerate(rungs):
-        unknown = sorted(set(rung) - set(SHAPE_KEYS))
-        if unknown:
-            raise bad(f"ladder.rungs[{i}]", dict(rung), f"unknown keys {unknown}; allowed: {', '.join(SHAPE_KEYS)}")
-        missing = [k for k in REQUIRED if k not in rung]
-        if missing:
-            raise bad(f"ladder.rungs[{i}]", dict(rung), f"missing {missing}: each rung gives {', '.join(REQUIRED)}")
-        for key, value in rung.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise bad(f"ladder.rungs[{i}].{key}", value, "must be a positive integer")
-    if not 0 <= lad.rung < len(rungs):
-        raise bad("ladder.rung", lad.rung, f"must index ladder.rungs: 0..{len(rungs) - 1}")
-    if not lad.tokens_per_param > 0:
-        raise bad("ladder.tokens_per_param", lad.tokens_per_param, "must be > 0 (Hoffmann et al. 2022: 20)")
-    if lad.lr not in LR_RULES:
-        raise bad("ladder.lr", lad.lr, f"allowed: {', '.join(LR_RULES)}")
+from lm_ablate.data import vocabulary
+from lm_ablate.errors import ConfigError, bad
+from lm_ablate.model import TransformerLM, model_cost
+from lm_ablate.validation import SHAPE_KEYS, validate
+from lm_ablate.validation import check_ladder as check_ladder_keys
 
 
 def apply_rung(cfg: DictConfig) -> None:
@@ -62,7 +37,7 @@ def apply_rung(cfg: DictConfig) -> None:
     Changes ``cfg``; nothing without a ladder. The ladder's keys are checked first."""
     if cfg.ladder.name is None:
         return
-    check_config(cfg)
+    check_ladder_keys(cfg)
     rung = cfg.ladder.rungs[cfg.ladder.rung]
     with open_dict(cfg):
         for key in SHAPE_KEYS:
@@ -82,10 +57,6 @@ def check_budget_keys(cfg: Any) -> None:
 
 def non_embedding_params(cfg: DictConfig, vocab_size: int) -> int:
     """N of the model ``cfg`` describes, counted on a model built on the meta device (no memory, no RNG)."""
-    import torch
-
-    from lm_ablate.model import TransformerLM, model_cost
-
     with torch.device("meta"):
         model = TransformerLM(cfg, vocab_size)
     return model_cost(model, cfg).params_non_embedding
@@ -112,10 +83,6 @@ def check_budget(cfg: DictConfig, budget: int) -> None:
 
 def rung_sizes(cfg: DictConfig, vocab_size: int) -> list[int]:
     """N of every rung of the ladder (the other keys of ``cfg`` as they are)."""
-    from omegaconf import OmegaConf
-
-    from lm_ablate.config import ConfigError, validate
-
     sizes = []
     for i in range(len(cfg.ladder.rungs)):
         other = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
@@ -145,6 +112,4 @@ def check_ladder(cfg: DictConfig, vocab_size: int) -> None:
 def vocab_size_of(data: Any) -> int:
     """The vocabulary a data config will give, without tokenizing (:func:`lm_ablate.data.vocabulary`; for a BPE
     not trained yet on the corpus, the requested size: an upper bound)."""
-    from lm_ablate.data import vocabulary
-
     return vocabulary(data).size

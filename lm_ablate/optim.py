@@ -41,8 +41,9 @@ from typing import Any
 
 import torch
 
-from lm_ablate.config import ConfigError, OptimConfig
+from lm_ablate.errors import ConfigError
 from lm_ablate.registry import OPTIMIZERS, SCHEDULES
+from lm_ablate.schema import OptimConfig
 
 Schedule = Callable[[int], float]  # step -> multiplier of optim.lr
 ADAMW_PART = ("embed", "position", "head")  # roots of the names Muon leaves to AdamW (see is_hidden_matrix)

@@ -55,7 +55,8 @@ class Owner:
 @functools.lru_cache(maxsize=1)
 def owners() -> tuple[Owner, ...]:
     """Every option-specific key, by the registry (or the ladder) that owns it."""
-    from lm_ablate.registry import ALL_REGISTRIES, load_all
+    from lm_ablate.catalog import load_all
+    from lm_ablate.registry import ALL_REGISTRIES
 
     load_all()
     found = [
@@ -193,7 +194,7 @@ def explicit_keys(overrides: Sequence[Any]) -> set[str]:
 
 @functools.lru_cache(maxsize=1)
 def _schema_defaults() -> dict[str, Any]:
-    from lm_ablate.config import Config
+    from lm_ablate.schema import Config
 
     out = {}
     for group in dataclasses.fields(Config):

@@ -62,8 +62,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from lm_ablate.config import ModelConfig, bad
+from lm_ablate.errors import bad
 from lm_ablate.registry import Registry
+from lm_ablate.schema import ModelConfig
 
 PARAMETRIZATIONS: Registry = Registry("model.parametrization")
 

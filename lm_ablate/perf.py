@@ -119,7 +119,7 @@ def _gib(n: float) -> str:
 def check_step_memory(cfg, vocab_size: int, device: torch.device, world: int = 1) -> None:
     """Fail at start, in one line naming model.context and train.batch_size, when one step clearly cannot fit:
     the estimate of :func:`step_memory_bytes` exceeds the memory available now."""
-    from lm_ablate.config import bad
+    from lm_ablate.errors import bad
 
     need, free = step_memory_bytes(cfg, vocab_size, device.type, world), available_memory_bytes(device)
     if free is None or need <= free:

@@ -96,14 +96,3 @@ REGISTRIES: dict[str, Registry] = {
     "optim": OPTIMIZERS,
     "tracking": TRACKERS,
 }
-
-
-def load_all() -> None:
-    """Import every module that registers options, so every registry is complete."""
-    import lm_ablate.components
-    import lm_ablate.data
-    import lm_ablate.model
-    import lm_ablate.optim
-    import lm_ablate.parametrization
-    import lm_ablate.regularization
-    import lm_ablate.tracking  # noqa: F401

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lm_ablate.config import RegularizationConfig
 from lm_ablate.registry import REGULARIZERS
+from lm_ablate.schema import RegularizationConfig
 
 
 @REGULARIZERS.register("standard", "none", "dropout", "zloss")

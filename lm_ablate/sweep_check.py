@@ -36,8 +36,9 @@ from omegaconf import DictConfig, OmegaConf
 from lm_ablate.claim_spec import check_claims_against_arms, flatten, parse_claims
 from lm_ablate.config import ConfigError, bad, compose_error_message, job_config, validate
 from lm_ablate.data import check_vocab_key
-from lm_ablate.ladder import MIN_RUNGS, apply_rung, check_budget_keys, check_ladder, vocab_size_of
+from lm_ablate.ladder import apply_rung, check_budget_keys, check_ladder, vocab_size_of
 from lm_ablate.options import explicit_keys, settle
+from lm_ablate.validation import MIN_RUNGS
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from lm_ablate import metrics as M
-from lm_ablate.config import TrackingConfig
 from lm_ablate.registry import TRACKERS
+from lm_ablate.schema import TrackingConfig
 
 
 @dataclass

@@ -45,6 +45,7 @@ from lm_ablate.distributed import init_distributed
 from lm_ablate.ladder import apply_rung, check_budget, check_budget_keys, non_embedding_params, token_budget
 from lm_ablate.model import TransformerLM, model_cost
 from lm_ablate.optim import build_schedule
+from lm_ablate.options import explicit_keys, settle
 from lm_ablate.parametrization import optimizer_groups, set_lr
 from lm_ablate.perf import check_step_memory, compile_step, measured_peak_flops, out_of_memory, peak_memory_mb
 from lm_ablate.probes import NO_PROBE, StepProbe
@@ -595,6 +596,10 @@ class Trainer:
             finally:
                 bar.close()
                 summary = self.finish(status, stop_reason)
+        if status == M.STATUS_PREEMPTED and self.dist.main:  # one line, as for Ctrl-C, before the signal goes on
+            name = signal.Signals(signals.signum).name if signals.signum else "a signal"
+            print(f"lm-ablate: preempted by {name} at step {p.step}: checkpoint written to {self.run_dir} "
+                  "(the same command, or the requeued job, resumes it)", file=sys.stderr, flush=True)  # fmt: skip
         signals.pass_on()
         if status == M.STATUS_INTERRUPTED:
             raise Interrupted(summary)
@@ -651,6 +656,12 @@ def _is_main_rank() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def _error_line(line: str) -> None:
+    """Bad input is one line: under torchrun every rank finds it, rank 0 says it (each exits 2)."""
+    if _is_main_rank():
+        print(f"lm-ablate: error: {line}", file=sys.stderr)
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
@@ -676,6 +687,7 @@ def main(cfg: DictConfig) -> float | None:
 
     name = run_name(cfg, list(hc.overrides.task))
     try:
+        settle(cfg, explicit_keys(hc.overrides.task))  # keys the chosen options do not read (lm_ablate/options.py)
         apply_rung(cfg)
         check_budget_keys(cfg)
         check_vocab_key(cfg)
@@ -687,7 +699,7 @@ def main(cfg: DictConfig) -> float | None:
                   f"val/loss={s.get(M.FINAL_VAL_LOSS)}  -> {out}")  # fmt: skip
         return s.get(M.FINAL_VAL_LOSS)
     except ConfigError as err:
-        print(f"lm-ablate: error: {err}", file=sys.stderr)
+        _error_line(str(err))
         _remove_if_new_and_empty(out, _LAUNCHED, Path.cwd())
         sys.exit(2)
     try:
@@ -697,7 +709,7 @@ def main(cfg: DictConfig) -> float | None:
               file=sys.stderr)  # fmt: skip
         sys.exit(EXIT_INTERRUPTED)
     except ConfigError as err:  # found while training (out of memory): one line, recorded as failed
-        print(f"lm-ablate: error: {err}", file=sys.stderr)
+        _error_line(str(err))
         sys.exit(2)
     if _is_main_rank():
         print(f"{summary[M.STATUS]}: {summary[M.RUN_NAME]}  val/loss={summary[M.FINAL_VAL_LOSS]}  -> {out}")
@@ -731,7 +743,7 @@ def cli() -> None:
         line = None if (user_full or _STARTED) else compose_error_message(err) or _run_dir_error(err)
         if line is None:
             raise
-        print(f"lm-ablate: error: {line}", file=sys.stderr)
+        _error_line(line)
         sys.exit(2)
 
 

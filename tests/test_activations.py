@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import Tensor
 
+from lm_ablate.catalog import load_all
 from lm_ablate.components.ffn import FFN, GatedFFN
 from lm_ablate.config import ActivationConfig, ConfigError, compose, validate
-from lm_ablate.registry import ACTIVATIONS, load_all
+from lm_ablate.registry import ACTIVATIONS
 
 load_all()
 

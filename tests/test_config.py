@@ -11,9 +11,10 @@ import yaml
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
+from lm_ablate.catalog import load_all
 from lm_ablate.config import CONF_DIR, ConfigError, compose, validate
 from lm_ablate.model import TransformerLM
-from lm_ablate.registry import REGISTRIES, load_all
+from lm_ablate.registry import REGISTRIES
 
 load_all()
 

@@ -487,7 +487,7 @@ def test_refused_and_finished_fills_leave_no_lock_file_nor_empty_entry(tmp_path:
 
 def _hold(path: str, log: str, rounds: int) -> None:
     """In a process of its own: take the lock ``rounds`` times, writing when it enters and leaves."""
-    from lm_ablate.data.cache import locked
+    from lm_ablate.data.files import locked
 
     for _ in range(rounds):
         with locked(Path(path)):

@@ -31,10 +31,11 @@ import pytest
 import torch
 
 from lm_ablate import metrics as M
+from lm_ablate.catalog import load_all
 from lm_ablate.checkpoint import list_checkpoints
 from lm_ablate.config import bad, compose
 from lm_ablate.model import TransformerLM
-from lm_ablate.registry import OPTIMIZERS, REGULARIZERS, load_all
+from lm_ablate.registry import OPTIMIZERS, REGULARIZERS
 from lm_ablate.train import train
 
 load_all()

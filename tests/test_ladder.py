@@ -69,9 +69,28 @@ def test_mup_rule_bases_every_rung_at_rung_0():
     "overrides, starts",
     [
         (["ladder.rungs=[{d_model:16,n_layers:1,n_heads:2}]"], "ladder.rungs="),  # one rung
-        (["ladder.rungs=[{d_model:32,n_layers:1,n_heads:2},{d_model:24,n_layers:1,n_heads:2}]"], "ladder.rungs[1]="),
-        (["ladder.rungs=[{d_model:16,n_layers:1,n_heads:2},{d_model:25,n_layers:1,n_heads:2}]"], "ladder.rungs[1]="),
-        (["ladder.rungs=[{d_model:16,n_layers:1,n_heads:2},{width:24,n_layers:1,n_heads:2}]"], "ladder.rungs[1]="),
+        (
+            ["ladder.rungs=[{d_model:16,n_layers:1,n_heads:2},{d_model:24,n_layers:1,n_heads:2}]"],
+            "ladder.rungs=",
+        ),  # two
+        (
+            [
+                "ladder.rungs=[{d_model:32,n_layers:1,n_heads:2},{d_model:24,n_layers:1,n_heads:2},{d_model:40,n_layers:1,n_heads:2}]"
+            ],
+            "ladder.rungs[1]=",
+        ),
+        (
+            [
+                "ladder.rungs=[{d_model:16,n_layers:1,n_heads:2},{d_model:25,n_layers:1,n_heads:2},{d_model:32,n_layers:1,n_heads:2}]"
+            ],
+            "ladder.rungs[1]=",
+        ),
+        (
+            [
+                "ladder.rungs=[{d_model:16,n_layers:1,n_heads:2},{width:24,n_layers:1,n_heads:2},{d_model:32,n_layers:1,n_heads:2}]"
+            ],
+            "ladder.rungs[1]=",
+        ),
         (["ladder.rung=3"], "ladder.rung="),
         (["ladder.lr=sometimes"], "ladder.lr="),
         (["ladder.tokens_per_param=0"], "ladder.tokens_per_param="),

@@ -179,6 +179,20 @@ def test_mfu_and_memory_are_logged(tmp_path, cache_dir):
 
 
 @pytest.mark.slow
+def test_a_bad_config_under_torchrun_is_one_line_from_rank_0(tmp_path, cache_dir):
+    """Every rank finds the bad value and exits 2; only rank 0 says it (issue 21.11: one line per rank before).
+    What torchrun prints after it (its ChildFailedError report) is torchrun's own."""
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29563", "-m",
+         "lm_ablate.train", *TINY, "optim.lr=-1", f"data.cache_dir={cache_dir}", f"hydra.run.dir={tmp_path / 'r'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    ours = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("lm-ablate: ")]
+    assert out.returncode != 0 and ours == ["lm-ablate: error: optim.lr=-1.0 is invalid: must be > 0"], out.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
 def test_two_process_ddp_matches_one_process(tmp_path, cache_dir):
     """torchrun, 2 CPU processes (gloo), same global batch: the same curve as 1 process up to float summation
     order (tolerance 1e-5 absolute on losses and gradient norms); only rank 0 writes the record."""

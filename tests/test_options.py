@@ -30,7 +30,7 @@ SAMPLE: dict[str, Any] = {
     "tracking.entity": "me",
     "tracking.mode": "offline",
     "tracking.tags": ["extra"],
-    "ladder.rungs": [{"d_model": 16, "n_layers": 1, "n_heads": 2}, {"d_model": 32, "n_layers": 1, "n_heads": 2}],
+    "ladder.rungs": [{"d_model": d, "n_layers": 1, "n_heads": 2} for d in (16, 24, 32)],
     "ladder.rung": 1,
 }
 

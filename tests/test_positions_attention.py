@@ -11,10 +11,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from lm_ablate.catalog import load_all
 from lm_ablate.components.attention import CausalSelfAttention, layer_window
 from lm_ablate.components.position import PositionScheme, t5_bucket
 from lm_ablate.config import AttentionConfig, ConfigError, ModelConfig, PositionConfig, compose, validate
-from lm_ablate.registry import POSITIONS, load_all
+from lm_ablate.registry import POSITIONS
 
 load_all()
 POSITION_NAMES = ["none", "sinusoidal", "learned", "rope", "alibi", "t5"]

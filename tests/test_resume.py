@@ -174,11 +174,15 @@ def test_preemption_signal_checkpoints_then_resumes(tmp_path, cache_dir, referen
     proc = start(run_dir, cache_dir)
     wait_for_rows(proc, run_dir, 60)
     proc.send_signal(sig)
-    proc.wait(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == -sig  # the signal is passed on after the checkpoint (requeue logic)
     summary = json.loads((run_dir / M.SUMMARY_FILE).read_text())
     assert summary[M.STATUS] == M.STATUS_PREEMPTED
     stopped = summary[M.STEPS]
+    # one line says so, as for Ctrl-C (issue 21.12: it used to exit 143 silently)
+    said = [line for line in err.splitlines() if line.startswith("lm-ablate: ")]
+    assert said == [f"lm-ablate: preempted by {sig.name} at step {stopped}: checkpoint written to {run_dir} "
+                    "(the same command, or the requeued job, resumes it)"], err  # fmt: skip
     assert int(list_checkpoints(run_dir)[-1].stem.split("_")[1]) == stopped  # checkpoint at the stop step
     out = subprocess.run(command(run_dir, cache_dir), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

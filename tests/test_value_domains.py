@@ -96,11 +96,11 @@ BAD: dict[str, list[Any]] = {
     "data.num_proc": [0],
     "data.tokenizer_sample": [0],
     "data.max_tokens": [0],
-    "ladder.rung": [-1, 2],
+    "ladder.rung": [-1, 3],
     "ladder.tokens_per_param": [0.0, -20.0],
 }
 # other keys a case needs so that its own check is reached
-LADDER = {"ladder.rungs": [{"d_model": 16, "n_layers": 1, "n_heads": 2}] * 2}  # with ladder=cpu (base_for)
+LADDER = {"ladder.rungs": [{"d_model": 16, "n_layers": 1, "n_heads": 2}] * 3}  # with ladder=cpu (base_for)
 WITH: dict[str, dict[str, Any]] = {
     "attention.global_every": {"attention.window": 8},
     "ladder.rung": LADDER,
@@ -189,9 +189,10 @@ def test_non_finite_float_fails_validation(key, value):
 
 
 def test_data_keys_are_checked_by_the_data_code(tmp_path):
+    from lm_ablate.catalog import load_all
     from lm_ablate.config import DataConfig
     from lm_ablate.data import DataError
-    from lm_ablate.registry import DATASETS, TOKENIZERS, load_all
+    from lm_ablate.registry import DATASETS, TOKENIZERS
 
     load_all()
     for key, value in DATA_CODE.items():

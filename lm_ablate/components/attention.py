@@ -33,9 +33,9 @@ from torch import Tensor, nn
 
 from lm_ablate.components.norm import RMSNorm
 from lm_ablate.components.position import PositionScheme, relative_distance
-from lm_ablate.config import AttentionConfig, ModelConfig, head_dim
 from lm_ablate.parametrization import parametrization
 from lm_ablate.registry import ATTENTIONS, Registry
+from lm_ablate.schema import AttentionConfig, ModelConfig, head_dim
 
 QK_NORMS: Registry = Registry("attention.qk_norm")  # (width, head_dim, eps) -> module on [B, T, width]
 

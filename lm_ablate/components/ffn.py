@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lm_ablate.config import ActivationConfig
 from lm_ablate.registry import ACTIVATIONS
+from lm_ablate.schema import ActivationConfig
 
 MakeAct = Callable[[ActivationConfig], nn.Module]
 

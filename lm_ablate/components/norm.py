@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lm_ablate.config import NormConfig
 from lm_ablate.registry import NORMS
+from lm_ablate.schema import NormConfig
 
 
 @NORMS.register("layernorm", reads=("eps", "bias"))

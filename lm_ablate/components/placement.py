@@ -25,8 +25,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from lm_ablate.config import NormConfig
 from lm_ablate.registry import NORMS, PLACEMENTS
+from lm_ablate.schema import NormConfig
 
 Sublayer = Callable[[Tensor], Tensor]
 

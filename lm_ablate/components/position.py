@@ -15,8 +15,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from lm_ablate.config import ModelConfig, PositionConfig, head_dim
 from lm_ablate.registry import POSITIONS, Registry
+from lm_ablate.schema import ModelConfig, PositionConfig, head_dim
 
 ROPE_LAYOUTS: Registry = Registry("position.layout")
 

@@ -32,8 +32,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lm_ablate.data.batching import TokenShards, check_length, get_batch, val_batches
-from lm_ablate.data.cache import FORMAT, clean, fill, locked, open_cached, write_atomic
+from lm_ablate.data.cache import FORMAT, clean, fill, open_cached
 from lm_ablate.data.common import DataError, TokenData, absolute, bad, cache_root, digest
+from lm_ablate.data.files import locked, write_atomic
 from lm_ablate.data.pretokenized import DTYPES, IdsTokenizer, TokensSource
 from lm_ablate.data.sources import HFSource, ShakespeareSource, TextSource, hold_out, shakespeare_works
 from lm_ablate.data.tokenizers import (

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lm_ablate.config import ConfigError
+from lm_ablate.errors import ConfigError
 
 
 class DataError(ConfigError):

@@ -95,7 +95,7 @@ def id_range(path: Path, arr: np.memmap, cache: Path) -> tuple[int, int]:
             lo = int(part.min()) if lo is None else min(lo, int(part.min()))
             hi = int(part.max()) if hi is None else max(hi, int(part.max()))
     assert lo is not None and hi is not None
-    from lm_ablate.data.cache import write_atomic
+    from lm_ablate.data.files import write_atomic
 
     record.parent.mkdir(parents=True, exist_ok=True)
     blob = json.dumps({"min": lo, "max": hi, "file": str(path)}).encode()

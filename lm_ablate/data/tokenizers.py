@@ -230,7 +230,7 @@ def bpe_tokenizer(cfg: Any, source: Any, cache: Path) -> BPETokenizer:
     identity; one run of a parallel sweep trains it while the others wait for the file."""
     from tokenizers import Tokenizer
 
-    from lm_ablate.data.cache import locked, write_atomic
+    from lm_ablate.data.files import locked, write_atomic
 
     check_bpe_size(cfg)
     path = bpe_path(cfg, source, cache)

@@ -5,7 +5,8 @@ against transformers' own implementation.
     from lm_ablate.hf import from_hf
     model, cfg = from_hf(hf_model)          # TransformerLM (eval mode) and the lm-ablate config it was built from
 
-Each supported family registers a converter in ``CONVERTERS`` under its transformers ``model_type``.
+Each supported family registers a converter in ``CONVERTERS`` (lm_ablate/hf/registry.py) under its transformers
+``model_type``.
 """
 
 from __future__ import annotations
@@ -15,16 +16,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lm_ablate.registry import Registry
-
-# model_type -> converter(hf_model) -> (TransformerLM, DictConfig)
-CONVERTERS: Registry = Registry("hf.model_type")
+from lm_ablate.hf import gpt_like, llama_like  # noqa: F401  (registers the converters)
+from lm_ablate.hf.registry import CONVERTERS
 
 
 def from_hf(hf_model: Any) -> tuple[Any, DictConfig]:
     """The lm-ablate TransformerLM equal to ``hf_model`` (a transformers *ForCausalLM), and its config."""
-    from lm_ablate.hf import gpt_like, llama_like  # noqa: F401  (registers the converters)
-
     model_type = hf_model.config.model_type
     if model_type not in CONVERTERS.names():
         raise ValueError(f"hf model_type={model_type!r} is not supported: allowed: {', '.join(CONVERTERS.names())}")
@@ -33,6 +30,4 @@ def from_hf(hf_model: Any) -> tuple[Any, DictConfig]:
 
 
 def supported() -> list[str]:
-    from lm_ablate.hf import gpt_like, llama_like  # noqa: F401
-
     return CONVERTERS.names()

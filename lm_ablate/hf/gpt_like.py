@@ -50,7 +50,7 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from lm_ablate.config import compose
-from lm_ablate.hf import CONVERTERS
+from lm_ablate.hf.registry import CONVERTERS
 from lm_ablate.model import TransformerLM
 
 Weights = dict[str, Tensor]

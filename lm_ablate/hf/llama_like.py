@@ -49,7 +49,7 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from lm_ablate.config import compose
-from lm_ablate.hf import CONVERTERS
+from lm_ablate.hf.registry import CONVERTERS
 from lm_ablate.model import TransformerLM
 
 # HF activation name -> (our activation group option, activation.approximate); HF's MLP is always gated here

@@ -1,0 +1,297 @@
+"""Cross-field validation: the rules a config's types cannot express, one function per group, each raising
+:class:`ConfigError` with one line naming the key, the value and what is allowed.
+
+It sits above the components it asks (registries, the block and parametrization tables, the data package's
+key checks, each option's own keys: lm_ablate/options.py) and below composition (lm_ablate/config.py), the
+ladder and the loop, which call :func:`validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from lm_ablate.catalog import load_all
+from lm_ablate.claim_spec import parse_claims
+from lm_ablate.components.attention import QK_NORMS
+from lm_ablate.components.blocks import BLOCKS
+from lm_ablate.components.position import ROPE_LAYOUTS
+from lm_ablate.data import check_config as check_data
+from lm_ablate.errors import ConfigError, bad
+from lm_ablate.options import check as check_options
+from lm_ablate.options import check_identity
+from lm_ablate.parametrization import PARAMETRIZATIONS
+from lm_ablate.registry import PLACEMENTS, REGISTRIES, SCHEDULES, TOKENIZERS
+from lm_ablate.schema import Config, head_dim
+
+__all__ = ["ConfigError", "positive", "validate"]
+
+
+def positive(section: str, node: Any, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        if node[key] < 1:
+            raise bad(f"{section}.{key}", node[key], "must be a positive integer")
+
+
+def validate(cfg: DictConfig | Config) -> None:
+    """Cross-field checks that the schema's types cannot express. Raises ConfigError (one line).
+    One function per group below; each names the keys it rejects."""
+    load_all()
+    if isinstance(cfg, DictConfig):
+        _known_keys(cfg, _schema())
+    for group, registry in REGISTRIES.items():
+        registry.check(f"{group}.name", cfg[group].name)
+    PLACEMENTS.check("norm.placement", cfg.norm.placement)
+    SCHEDULES.check("optim.schedule", cfg.optim.schedule)
+    TOKENIZERS.check("data.tokenizer", cfg.data.tokenizer)
+    BLOCKS.check("model.block", cfg.model.block)
+    check_options(cfg)  # each option's keys are its own (lm_ablate/options.py)
+    check_data(cfg.data)  # data keys' domains live with the data package
+    for key, value in _floats(cfg):
+        if not math.isfinite(value):
+            raise bad(key, value, "must be a finite number")
+    for check in (_model, _norm, _position, _activation, _attention, _regularization, _optim, _train, check_ladder):
+        check(cfg)
+    check_identity(cfg)  # a name its keys contradict (MQA with 2 K/V heads, ...)
+    if not 0 <= cfg.seed < 2**64:
+        raise bad("seed", cfg.seed, "must be in [0, 2**64) (torch.manual_seed's range)")
+    if cfg.tracking.mode not in (None, "online", "offline", "disabled"):
+        raise bad("tracking.mode", cfg.tracking.mode, "allowed: online, offline, disabled, null")
+    claims = cfg.get("claims") if isinstance(cfg, DictConfig) else cfg.claims
+    parse_claims(OmegaConf.to_container(claims, resolve=True) if isinstance(claims, ListConfig) else claims)
+
+
+def _floats(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """(dotted key, value) of every float in a config, nested groups included."""
+    for key, value in node.items():
+        if isinstance(value, float):
+            yield f"{prefix}{key}", value
+        elif isinstance(value, DictConfig):
+            yield from _floats(value, f"{prefix}{key}.")
+
+
+@functools.lru_cache(maxsize=1)
+def _schema() -> DictConfig:
+    """The schema as a read-only config, built once (building it costs more than the rest of validate)."""
+    schema = OmegaConf.structured(Config)
+    OmegaConf.set_readonly(schema, True)
+    return schema
+
+
+def _known_keys(node: DictConfig, schema: DictConfig, prefix: str = "") -> None:
+    """Hydra's ``+key=value`` adds a key even to a typed node; reject any key the schema does not have."""
+    for key in node:
+        name = f"{prefix}{key}"
+        if key not in schema.keys():  # noqa: SIM118 (`in` is False for a MISSING value in OmegaConf)
+            where = prefix.rstrip(".") or "the config"
+            raise bad(name, node[key], f"unknown key; keys of {where}: " + ", ".join(str(k) for k in schema.keys()))  # noqa: SIM118
+        child, ref = node._get_node(key), schema._get_node(key)
+        if (
+            isinstance(child, DictConfig)
+            and isinstance(ref, DictConfig)
+            and dataclasses.is_dataclass(OmegaConf.get_type(ref))
+        ):
+            _known_keys(child, ref, name + ".")
+
+
+def _model(cfg: DictConfig) -> None:
+    m = cfg.model
+    positive("model", m, ("d_model", "n_layers", "n_heads", "context"))
+    if m.head_dim is None and m.d_model % m.n_heads:
+        raise bad("model.n_heads", m.n_heads, f"must divide model.d_model={m.d_model} (or set model.head_dim)")
+    if m.head_dim is not None and m.head_dim < 1:
+        raise bad("model.head_dim", m.head_dim, "must be a positive integer or null")
+    if m.embed_dim is not None and m.embed_dim < 1:
+        raise bad("model.embed_dim", m.embed_dim, "must be a positive integer or null (= model.d_model)")
+    BLOCKS.check("model.block", m.block)
+    if m.parallel_norms not in (None, 1, 2):
+        raise bad("model.parallel_norms", m.parallel_norms, "allowed: 1 (one shared norm), 2 (one per sublayer)")
+    placements = BLOCKS.get(m.block).placements
+    if placements is not None and cfg.norm.placement not in placements:
+        got = f"got norm.placement={cfg.norm.placement!r}"
+        raise bad("model.block", m.block, f"needs norm.placement in ({', '.join(placements)}), {got}")
+    if not m.init_std > 0:  # 0 zeroes every matrix and embedding: no gradient could ever leave that point
+        raise bad("model.init_std", m.init_std, "must be > 0")
+    if m.logit_softcap is not None and m.logit_softcap <= 0:
+        raise bad("model.logit_softcap", m.logit_softcap, "must be > 0 or null (off)")
+    if m.output_init_std is not None and m.output_init_std < 0:
+        raise bad("model.output_init_std", m.output_init_std, "must be >= 0 or null (= model.init_std)")
+    if m.output_init_std is not None and m.tie_embeddings:
+        raise bad("model.output_init_std", m.output_init_std, "must be null with model.tie_embeddings=true")
+    PARAMETRIZATIONS.check("model.parametrization", m.parametrization)
+    if m.mup_base_width is not None and m.mup_base_width < 1:
+        raise bad("model.mup_base_width", m.mup_base_width, "must be a positive integer or null")
+    PARAMETRIZATIONS.get(m.parametrization).check(cfg)  # each refuses the combinations it does not define
+
+
+def _norm(cfg: DictConfig) -> None:
+    n = cfg.norm
+    if n.eps is not None and n.eps <= 0:
+        raise bad("norm.eps", n.eps, "must be > 0")
+    for key in ("deepnorm_alpha", "deepnorm_beta"):
+        if n[key] is not None and n[key] <= 0:
+            raise bad(f"norm.{key}", n[key], "must be > 0 or null (the DeepNet formula)")
+
+
+def _position(cfg: DictConfig) -> None:
+    p, hd = cfg.position, head_dim(cfg.model)
+    if p.layout is not None:
+        ROPE_LAYOUTS.check("position.layout", p.layout)
+    if p.theta is not None and not p.theta > 0:
+        raise bad("position.theta", p.theta, "must be > 0 (the base of the rope angles p * theta^(-2i/r))")
+    if p.fraction is not None:
+        if not 0 < p.fraction <= 1:
+            raise bad("position.fraction", p.fraction, "must be in (0, 1]")
+        dims = p.fraction * hd  # rotated dims per head: whole pairs, at least one
+        if abs(dims - round(dims)) > 1e-6 or round(dims) % 2 or round(dims) < 2:
+            key, value = ("model.head_dim", hd) if p.fraction == 1 else ("position.fraction", p.fraction)
+            raise bad(key, value, f"rope rotates fraction * model.head_dim = {dims:g} dims: need even >= 2")
+    if p.num_buckets is not None and p.num_buckets < 2:
+        raise bad("position.num_buckets", p.num_buckets, "must be >= 2 (the first half are exact distances)")
+    if p.max_distance is not None and p.num_buckets is not None and p.max_distance <= p.num_buckets // 2:
+        exact = p.num_buckets // 2
+        raise bad("position.max_distance", p.max_distance, f"must be > position.num_buckets // 2 = {exact}")
+
+
+def _activation(cfg: DictConfig) -> None:
+    if cfg.activation.d_ff is not None and cfg.activation.d_ff < 1:
+        raise bad("activation.d_ff", cfg.activation.d_ff, "must be a positive integer or null (auto)")
+    if cfg.activation.multiple_of is not None and cfg.activation.multiple_of < 1:
+        raise bad("activation.multiple_of", cfg.activation.multiple_of, "must be a positive integer")
+    if cfg.activation.approximate is not None and cfg.activation.approximate not in ("none", "tanh"):
+        raise bad("activation.approximate", cfg.activation.approximate, "allowed: none, tanh")
+
+
+def _attention(cfg: DictConfig) -> None:
+    a, n_heads = cfg.attention, cfg.model.n_heads
+    if a.n_kv_heads is not None and (a.n_kv_heads < 1 or n_heads % a.n_kv_heads):
+        raise bad("attention.n_kv_heads", a.n_kv_heads, f"must be >= 1 and divide model.n_heads={n_heads}")
+    QK_NORMS.check("attention.qk_norm", a.qk_norm)
+    if a.qk_norm_eps is not None and not a.qk_norm_eps > 0:
+        raise bad("attention.qk_norm_eps", a.qk_norm_eps, "must be > 0")
+    for key in ("softcap", "scale"):
+        if a[key] is not None and not a[key] > 0:
+            raise bad(f"attention.{key}", a[key], "must be > 0 or null")
+    if a.window is not None and a.window < 1:
+        raise bad("attention.window", a.window, "must be a positive integer or null (full attention)")
+    if a.global_every < 0:
+        raise bad("attention.global_every", a.global_every, "must be >= 0 (0 = every layer local)")
+    if a.global_every and a.window is None:  # nothing to alternate with: it would change nothing
+        raise bad("attention.global_every", a.global_every, "needs attention.window (which layers are local)")
+    n_layers = cfg.model.n_layers
+    if a.window is not None and a.global_every > n_layers:  # asked for global layers, but none would be
+        raise bad(
+            "attention.global_every",
+            a.global_every,
+            f"leaves no global layer among model.n_layers={n_layers}: must be <= {n_layers} (0 = all local)",
+        )
+
+
+def _regularization(cfg: DictConfig) -> None:
+    r = cfg.regularization
+    if not 0.0 <= r.dropout < 1.0:
+        raise bad("regularization.dropout", r.dropout, "must be in [0, 1)")
+    for key in ("embedding_dropout", "attention_dropout", "residual_dropout"):
+        if r[key] is not None and not 0.0 <= r[key] < 1.0:
+            raise bad(f"regularization.{key}", r[key], "must be in [0, 1) or null (= regularization.dropout)")
+    for key in ("weight_decay", "grad_clip", "z_loss"):
+        if r[key] < 0:
+            raise bad(f"regularization.{key}", r[key], "must be >= 0")
+
+
+def _optim(cfg: DictConfig) -> None:
+    o = cfg.optim
+    given = lambda key: o[key] is not None
+    if not o.lr > 0:
+        raise bad("optim.lr", o.lr, "must be > 0")
+    if given("eps") and not o.eps > 0:  # AdamW divides by sqrt(v) + eps (adafactor floors sqrt(v) at it)
+        raise bad("optim.eps", o.eps, "must be > 0")
+    if o.warmup_steps < 0:
+        raise bad("optim.warmup_steps", o.warmup_steps, "must be >= 0")
+    if given("min_lr_ratio") and not 0.0 <= o.min_lr_ratio <= 1.0:
+        raise bad("optim.min_lr_ratio", o.min_lr_ratio, "must be in [0, 1]")
+    for key in ("beta1", "beta2"):
+        if given(key) and not 0.0 <= o[key] < 1.0:
+            raise bad(f"optim.{key}", o[key], "must be in [0, 1)")
+    if given("decay_fraction") and not 0.0 < o.decay_fraction <= 1.0:
+        raise bad("optim.decay_fraction", o.decay_fraction, "must be in (0, 1]")
+    if given("momentum") and not 0.0 <= o.momentum < 1.0:
+        raise bad("optim.momentum", o.momentum, "must be in [0, 1)")
+    if o.nesterov and not o.momentum:
+        raise bad("optim.nesterov", o.nesterov, "needs optim.momentum > 0")
+    if given("adjust_lr_fn") and o.adjust_lr_fn not in ("original", "match_rms_adamw"):
+        raise bad("optim.adjust_lr_fn", o.adjust_lr_fn, "allowed: original, match_rms_adamw")
+    if given("ns_steps") and not 1 <= o.ns_steps < 100:
+        raise bad("optim.ns_steps", o.ns_steps, "must be in [1, 100)")
+    if given("muon_lr_scale") and not o.muon_lr_scale > 0:
+        raise bad("optim.muon_lr_scale", o.muon_lr_scale, "must be > 0")
+    if given("beta2_decay") and o.beta2_decay > 0:
+        raise bad("optim.beta2_decay", o.beta2_decay, "must be <= 0 (1 - beta2_t = t^beta2_decay)")
+    if given("eps2") and o.eps2 < 0:
+        raise bad("optim.eps2", o.eps2, "must be >= 0")
+    if given("clip_threshold") and not o.clip_threshold > 0:
+        raise bad("optim.clip_threshold", o.clip_threshold, "must be > 0")
+
+
+def _train(cfg: DictConfig) -> None:
+    t = cfg.train
+    positive("train", t, ("max_steps", "batch_size", "eval_every", "eval_batches", "log_every"))
+    if t.divergence not in ("stop", "skip"):
+        raise bad("train.divergence", t.divergence, "allowed: stop, skip")
+    positive("train", t, ("grad_accum",))
+    if t.batch_size % t.grad_accum:
+        raise bad("train.grad_accum", t.grad_accum, f"must divide train.batch_size={t.batch_size}")
+    for key in ("max_tokens", "max_time_s", "peak_flops"):
+        if t[key] is not None and t[key] <= 0:
+            raise bad(f"train.{key}", t[key], "must be > 0 or null")
+    if any(k < 1 for k in t.extrapolation):
+        raise bad("train.extrapolation", list(t.extrapolation), "every factor must be an integer >= 1")
+    for key in ("checkpoint_every", "max_skipped_steps", "probe_every"):
+        if t[key] < 0:
+            raise bad(f"train.{key}", t[key], "must be >= 0")
+    if t.keep_checkpoints < 1:
+        raise bad("train.keep_checkpoints", t.keep_checkpoints, "must be >= 1")
+    if t.threads is not None and t.threads < 1:
+        raise bad("train.threads", t.threads, "must be a positive integer or null (torch's default)")
+    if t.spike.window < 2:
+        raise bad("train.spike.window", t.spike.window, "must be >= 2 (a standard deviation needs two values)")
+    if not t.spike.k > 0:
+        raise bad("train.spike.k", t.spike.k, "must be > 0")
+
+
+SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "head_dim")  # what a ladder rung may set, as model.<key>
+REQUIRED = ("d_model", "n_layers", "n_heads")
+LR_RULES = ("fixed", "grid", "mup")
+MIN_RUNGS = 3  # a fit of L(C) = E + A C^-alpha has 3 parameters; a held-out check (largest rung left out) needs 4
+
+
+def check_ladder(cfg: Any) -> None:
+    """The ladder's own keys (one line naming the key); sizes are checked as model.* once applied."""
+    lad = cfg.ladder
+    if lad.name is None:
+        return
+    rungs = list(lad.rungs)
+    if len(rungs) < MIN_RUNGS:
+        raise bad("ladder.rungs", rungs, f"a ladder needs at least {MIN_RUNGS} rungs (shapes of increasing size: "
+                  "its fit L = E + A C^-alpha has 3 parameters)")  # fmt: skip
+    for i, rung in enumerate(rungs):
+        unknown = sorted(set(rung) - set(SHAPE_KEYS))
+        if unknown:
+            raise bad(f"ladder.rungs[{i}]", dict(rung), f"unknown keys {unknown}; allowed: {', '.join(SHAPE_KEYS)}")
+        missing = [k for k in REQUIRED if k not in rung]
+        if missing:
+            raise bad(f"ladder.rungs[{i}]", dict(rung), f"missing {missing}: each rung gives {', '.join(REQUIRED)}")
+        for key, value in rung.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise bad(f"ladder.rungs[{i}].{key}", value, "must be a positive integer")
+    if not 0 <= lad.rung < len(rungs):
+        raise bad("ladder.rung", lad.rung, f"must index ladder.rungs: 0..{len(rungs) - 1}")
+    if not lad.tokens_per_param > 0:
+        raise bad("ladder.tokens_per_param", lad.tokens_per_param, "must be > 0 (Hoffmann et al. 2022: 20)")
+    if lad.lr not in LR_RULES:
+        raise bad("ladder.lr", lad.lr, f"allowed: {', '.join(LR_RULES)}")
