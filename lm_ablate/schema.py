@@ -79,7 +79,7 @@ class PositionConfig:
 class ActivationConfig:
     name: str = MISSING  # ungated: relu | gelu | silu | relu2; gated: glu | reglu | geglu | swiglu | bilinear
     d_ff: Optional[int] = None  # hidden width; None = ungated 4*d, gated 8d/3 (the parameters of the ungated 4*d)
-    multiple_of: Optional[int] = 8  # the derived gated d_ff is rounded up to a multiple of this (hardware-friendly shapes)
+    multiple_of: Optional[int] = 8  # gated: the derived d_ff is rounded up to a multiple of this (hardware-friendly)
     bias: bool = False  # biases on the FFN projections
     approximate: Optional[str] = (
         "none"  # GELU form for gelu | geglu: none (exact erf) | tanh (GPT-2); ignored by the others
@@ -146,7 +146,7 @@ class OptimConfig:
     eps: Optional[float] = (
         1e-8  # adamw (and muon's AdamW part): added to sqrt(v); adafactor: floor of sqrt(v) (torch's eps1)
     )
-    momentum: Optional[float] = 0.9  # sgd: heavy-ball coefficient; muon: EMA coefficient of its buffer (0.95 in muon.yaml)
+    momentum: Optional[float] = 0.9  # sgd: heavy-ball coefficient; muon: EMA of its buffer (0.95 in muon.yaml)
     nesterov: Optional[bool] = False  # sgd and muon: Nesterov momentum (muon.yaml: true, as Jordan et al. 2024)
     adjust_lr_fn: Optional[str] = "match_rms_adamw"  # muon: original (Jordan) | match_rms_adamw (Liu et al. 2025)
     ns_steps: Optional[int] = 5  # muon: Newton-Schulz iterations of the orthogonalization
@@ -211,7 +211,7 @@ class LadderConfig:
         default_factory=list
     )  # shapes, smallest first: d_model, n_layers, n_heads, ...
     tokens_per_param: Optional[float] = 20.0  # token budget per non-embedding parameter (sets train.max_tokens)
-    lr: Optional[str] = "fixed"  # per-rung LR rule: fixed (optim.lr everywhere) | grid (the sweep crosses optim.lr) | mup
+    lr: Optional[str] = "fixed"  # per-rung LR rule: fixed (optim.lr everywhere) | grid (sweep crosses optim.lr) | mup
 
 
 @dataclass
