@@ -117,22 +117,28 @@ class RegularizationConfig:
 class DataConfig:
     name: str = MISSING  # shakespeare | hf | tokens (ids tokenized elsewhere: nanoGPT .bin, OLMo .npy)
     tokenizer: str = "byte"  # byte (256 symbols) | bpe (trained on the training split, cached) | pretrained
-    vocab_size: int = 4096  # bpe: vocabulary size; tokens: size of the ids' vocabulary (byte, pretrained: ignored)
+    vocab_size: Optional[int] = (
+        4096  # bpe: vocabulary size; tokens: size of the ids' vocabulary (byte, pretrained: ignored)
+    )
     tokenizer_path: Optional[str] = None  # pretrained: tokenizer.json, a folder, or a hub name (gpt2, ...)
     tokenizer_sample: Optional[int] = None  # bpe: train on the first N bytes of training text; None = all of it
     num_proc: Optional[int] = None  # processes that tokenize; None = the CPU cores this process may use
-    val_works: list[str] = field(default_factory=list)  # shakespeare: works held out for validation
+    val_works: Optional[list[str]] = field(default_factory=list)  # shakespeare: works held out for validation
     path: Optional[str] = None  # hf: hub dataset name, or local .txt/.jsonl/.json/.parquet file(s) or folder;
     # tokens: a folder, file or glob of .bin / .npy token files
     hf_config: Optional[str] = None  # hf: dataset configuration name
-    text_field: str = "text"  # hf: column holding the text
-    train_split: str = "train"  # hf: split to train on; tokens: files named train* are the training shards
+    text_field: Optional[str] = "text"  # hf: column holding the text
+    train_split: Optional[str] = "train"  # hf: split to train on; tokens: files named train* are the training shards
     val_split: Optional[str] = None  # hf, tokens: validation split; None = hold out val_fraction of docs/shards
-    val_fraction: float = 0.05  # hf, tokens: share of documents (shards) held out when there is no validation split
+    val_fraction: Optional[float] = (
+        0.05  # hf, tokens: share of documents (shards) held out when there is no validation split
+    )
     max_docs: Optional[int] = None  # hf: use only the first N documents (quick runs on big sets)
-    streaming: bool = False  # hf: stream the hub dataset instead of downloading it (needs max_tokens)
+    streaming: Optional[bool] = False  # hf: stream the hub dataset instead of downloading it (needs max_tokens)
     max_tokens: Optional[int] = None  # hf: stop after N training tokens (a named val split: val_fraction x N)
-    dtype: str = "uint16"  # tokens: uint16 | uint32, the ids' type in headerless files (.npy headers say their own)
+    dtype: Optional[str] = (
+        "uint16"  # tokens: uint16 | uint32, the ids' type in headerless files (.npy headers say their own)
+    )
     # tokenized memmaps and trained tokenizers, keyed by content hash; $LM_ABLATE_CACHE if set
     cache_dir: str = "${oc.env:LM_ABLATE_CACHE,.cache/lm_ablate}"
 

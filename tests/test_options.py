@@ -32,6 +32,21 @@ SAMPLE: dict[str, Any] = {
     "tracking.tags": ["extra"],
     "ladder.rungs": [{"d_model": d, "n_layers": 1, "n_heads": 2} for d in (16, 24, 32)],
     "ladder.rung": 1,
+    "data.path": "/tmp/corpus.txt",
+    "data.vocab_size": 300,
+    "data.hf_config": "plain",
+    "data.val_split": "validation",
+    "data.max_docs": 10,
+    "data.max_tokens": 1000,
+    "data.streaming": False,
+    "data.tokenizer_path": "gpt2",
+    "data.tokenizer_sample": 1000,
+}
+# what an option needs besides the key to validate (its required keys)
+NEEDS: dict[tuple[str, Any], list[str]] = {
+    ("model.parametrization", "mup"): ["model.mup_base_width=32"],
+    ("data.name", "tokens"): ["data.vocab_size=300"],
+    ("data.tokenizer", "pretrained"): ["data.tokenizer_path=gpt2"],
 }
 
 
@@ -63,13 +78,7 @@ def sample(key: str) -> Any:
     return value
 
 
-CASES = [
-    (owner, option, key)
-    for owner in owners()
-    for key in owner.readers
-    for option in options_of(owner)
-    if owner.node != "data"  # data keys: the data package's own checks (tests/test_data*.py)
-]
+CASES = [(owner, option, key) for owner in owners() for key in owner.readers for option in options_of(owner)]
 
 
 def case_id(case: tuple) -> str:
@@ -81,7 +90,7 @@ def case_id(case: tuple) -> str:
 def test_a_key_is_refused_for_an_option_that_does_not_read_it_and_kept_for_one_that_does(case):
     owner, option, key = case
     dotted = f"{owner.node}.{key}"
-    extra = ["model.mup_base_width=32"] if (owner.selector, option) == ("model.parametrization", "mup") else []
+    extra = NEEDS.get((owner.selector, option), [])
     # as a sweep arm is checked (lm_ablate/sweep_check.py): the option's composition, then the key as an override
     cfg = copy.deepcopy(composed(choose(owner, option), *extra))
     OmegaConf.update(cfg, dotted, sample(dotted), merge=False)

@@ -81,7 +81,7 @@ def check_config(cfg: Any) -> None:
     for key in ("num_proc", "tokenizer_sample", "max_tokens"):
         if cfg[key] is not None and cfg[key] < 1:
             raise bad(f"data.{key}", cfg[key], "must be a positive integer or null")
-    if cfg.dtype not in DTYPES:
+    if cfg.dtype is not None and cfg.dtype not in DTYPES:
         raise bad("data.dtype", cfg.dtype, f"allowed: {', '.join(DTYPES)}")
     if cfg.name == "tokens" and cfg.vocab_size < 1:
         why = "data=tokens needs the size of the ids' vocabulary (50257 for GPT-2's); every id must be below it"

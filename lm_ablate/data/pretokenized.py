@@ -197,6 +197,6 @@ def tail_cut(ids: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:
     return ids[:cut], ids[cut:]
 
 
-@DATASETS.register("tokens")
+@DATASETS.register("tokens", reads=("path", "vocab_size", "dtype", "train_split", "val_split", "val_fraction"))
 def tokens(cfg: Any) -> TokensSource:
     return TokensSource(cfg)

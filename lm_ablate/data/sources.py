@@ -152,7 +152,7 @@ class ShakespeareSource(TextSource):
         return [Stream(docs)]
 
 
-@DATASETS.register("shakespeare")
+@DATASETS.register("shakespeare", reads=("val_works",))
 def shakespeare(cfg: Any) -> ShakespeareSource:
     return ShakespeareSource(cfg)
 
@@ -444,6 +444,19 @@ def _numbered(split: str, batches: Callable[[], Iterator[list[str]]]) -> Callabl
     return docs
 
 
-@DATASETS.register("hf")
+@DATASETS.register(
+    "hf",
+    reads=(
+        "path",
+        "hf_config",
+        "text_field",
+        "train_split",
+        "val_split",
+        "val_fraction",
+        "max_docs",
+        "streaming",
+        "max_tokens",
+    ),
+)
 def hf(cfg: Any) -> HFSource:
     return HFSource(cfg)

@@ -224,7 +224,7 @@ def byte_tokenizer(cfg: Any, source: Any, cache: Path) -> ByteTokenizer:
     return ByteTokenizer()
 
 
-@TOKENIZERS.register("bpe")
+@TOKENIZERS.register("bpe", reads=("vocab_size", "tokenizer_sample"))
 def bpe_tokenizer(cfg: Any, source: Any, cache: Path) -> BPETokenizer:
     """Trained on the training split only (validation text must not shape the vocabulary), cached by the source's
     identity; one run of a parallel sweep trains it while the others wait for the file."""
@@ -258,7 +258,7 @@ def bpe_path(cfg: Any, source: Any, cache: Path) -> Path:
     return cache / "tokenizers" / f"{digest(spec)}.json"
 
 
-@TOKENIZERS.register("pretrained")
+@TOKENIZERS.register("pretrained", reads=("tokenizer_path",))
 def pretrained_tokenizer(cfg: Any, source: Any, cache: Path) -> PretrainedTokenizer:
     return load_pretrained(cfg.tokenizer_path)
 
