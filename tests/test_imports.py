@@ -103,7 +103,7 @@ def test_the_cycle_finder_finds_a_lazy_circle(tmp_path):
     assert imports_of(source, "lm_ablate.lazy", module_names("lm_ablate")) == {"lm_ablate.config"}
 
 
-@pytest.mark.parametrize("package", ["lm_ablate"])
+@pytest.mark.parametrize("package", ["lm_ablate", "analysis"])
 def test_no_import_circle(package):
     edges = graph(package)
     found = cycles(edges)
