@@ -17,14 +17,30 @@ multiplies it as shown (at m = 1 every factor is 1):
     vector-like  norm gains and biases, every linear's bias,     1 / 0 as built                x 1       x 1          x 1
                  the head bias, ReZero's alpha
 
-    multipliers  logits  W_out h + b          ->  W_out (h / m) + b   (Table 8's 1/fan_in: a head bias stays as is)
-                 attention scores  q.k / sqrt(head_dim)  ->  q.k / head_dim   (TP V's transformer recipe: q and k
-                                  become correlated in training, so q.k grows like head_dim; attn_mult = 1,
-                                  microsoft/mup's default; its README's 8/d would equal 1/sqrt(d) at d = 64)
+    multipliers  logits  W_out h + b          ->  W_out (a_out h / m) + b   (Table 8's 1/fan_in: a head bias stays)
+                 attention scores  q.k / sqrt(head_dim)  ->  a_attn q.k / head_dim   (TP V's transformer recipe: q
+                                  and k become correlated in training, so q.k grows like head_dim; microsoft/mup's
+                                  README writes 8/d, which equals 1/sqrt(d) at d = 64)
                  embed_scale  sqrt(d_model)  ->  sqrt(b)   (an input multiplier must not grow with width; equal at m = 1)
 
-Base point: ``model.init_std`` is the hidden std AT THE BASE WIDTH; at w = b, mup equals sp except the
-attention scale (sp with ``attention.scale=1/head_dim`` is mup at its base, bit for bit). Depth factors
+Base multipliers (mup only; constant in width, so they are tuned at the base width and transfer with optim.lr;
+Yang et al. 2022, section 6 and Table 10, tune exactly these at the proxy model):
+
+    key                    symbol  where                                       source
+    model.mup_output_mult  a_out   logits = W_out (a_out h / m) + b            microsoft/mup ``MuReadout(output_mult=)``
+                                                                               (forward: output_mult * x / width_mult)
+    model.mup_attn_mult    a_attn  scores = a_attn q.k / head_dim              microsoft/mutransformers GPT-2
+                                                                               ``attn_mult`` (attn_weights * attn_mult /
+                                                                               head_dim; microsoft/mup's examples/
+                                                                               Transformer takes sqrt(attn_mult) instead)
+    model.init_std         sigma   the input and hidden init std at the base   microsoft/mup examples' ``init_std``
+                                   (hidden: sigma m^-1/2 at width w)            (``initializer_range`` in mutransformers)
+
+At 1 (the defaults) the two multipliers change nothing: mup is the table above. sp reads neither key (a value on
+the command line under sp is refused: lm_ablate/options.py).
+
+Base point: ``model.init_std`` is the hidden std AT THE BASE WIDTH; at w = b with both multipliers 1, mup equals
+sp except the attention scale (sp with ``attention.scale=1/head_dim`` is mup at its base, bit for bit). Depth factors
 (GPT-2's 1/sqrt(2L), DeepNorm's alpha and beta) do not depend on width and multiply as they do under sp.
 
 Output layer: the multiplier form, not a zero-initialised readout; ``model.output_init_std=0`` gives the
@@ -139,7 +155,7 @@ class Parametrization:
         return math.sqrt(self.cfg.d_model)
 
 
-@PARAMETRIZATIONS.register("mup", reads=("mup_base_width",))
+@PARAMETRIZATIONS.register("mup", reads=("mup_base_width", "mup_output_mult", "mup_attn_mult"))
 class MuP(Parametrization):
     """muP for Adam, relative to ``model.mup_base_width`` (module docstring: the table and its sources)."""
 
@@ -150,6 +166,10 @@ class MuP(Parametrization):
         m, why = cfg.model, "with model.parametrization=mup"
         if m.mup_base_width is None:
             raise bad("model.mup_base_width", None, f"must be set {why} (the width whose optim.lr transfers)")
+        for key in ("mup_output_mult", "mup_attn_mult"):
+            value = getattr(m, key)
+            if value is None or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise bad(f"model.{key}", value, f"must be a positive number {why} (1 = no multiplier)")
         if cfg.optim.name not in cls.optimizers:
             allowed = ", ".join(cls.optimizers)
             raise bad("optim.name", cfg.optim.name, f"muP's LR rule is defined here for {allowed} only {why}")
@@ -174,10 +194,10 @@ class MuP(Parametrization):
 
     @property
     def output_multiplier(self) -> float:
-        return 1.0 / self.width_mult
+        return self.cfg.mup_output_mult / self.width_mult
 
     def attention_scale(self, scale: float | None, head_dim: int) -> float:
-        return 1.0 / head_dim
+        return self.cfg.mup_attn_mult / head_dim
 
     @property
     def embed_multiplier(self) -> float:

@@ -47,7 +47,10 @@ class ModelConfig:
     # how width enters init, LR and the logit / attention multipliers (lm_ablate/parametrization.py): sp (standard)
     # | mup (Yang et al. 2022, for AdamW: optim.lr tuned at mup_base_width transfers to other d_model)
     parametrization: str = "sp"
-    mup_base_width: Optional[int] = None  # mup: the d_model at which mup's multipliers are 1; ignored by sp
+    mup_base_width: Optional[int] = None  # mup: the d_model at which mup's width factors are 1; ignored by sp
+    # mup's base multipliers, tuned at the base width and kept across widths (lm_ablate/parametrization.py):
+    mup_output_mult: Optional[float] = 1.0  # logits = W_out (output_mult h / m) + b (microsoft/mup's output_mult)
+    mup_attn_mult: Optional[float] = 1.0  # attention scores = attn_mult q.k / head_dim (mutransformers' attn_mult)
     # the vocabulary the run trains with, set by the run from its data before config.yaml is written (256 for bytes,
     # the trained BPE's size, the pretrained tokenizer's, data.vocab_size for tokens); null on the command line
     vocab_size: Optional[int] = None

@@ -269,12 +269,13 @@ def test_mup_lr_reaches_the_optimizer():
         assert step == pytest.approx(lr * LR_SCALE[expected_class(name)], rel=1e-3), name
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_mup_logits_are_the_head_of_the_final_state_over_m(bias):
-    """logits = W_out (h / m) + b (Table 8's 1/fan_in output multiplier; a head bias is not scaled): the mup
+@pytest.mark.parametrize("bias, mult", [(False, 1.0), (True, 1.0), (False, 2.5), (True, 0.25)])
+def test_mup_logits_are_the_head_of_the_final_state_over_m(bias, mult):
+    """logits = W_out (a_out h / m) + b (Table 8's 1/fan_in output multiplier, times the base output multiplier
+    model.mup_output_mult = a_out, microsoft/mup's MuReadout output_mult; a head bias is not scaled): the mup
     model's logits from those of an sp model holding the same weights, whose head reads h itself."""
     extra = ("model.head_bias=true",) if bias else ()
-    mup = build(*extra, *MUP)
+    mup = build(*extra, *MUP, *([f"model.mup_output_mult={mult}"] if mult != 1.0 else []))
     sp = build(*extra, f"model.d_model={W}", f"attention.scale={1 / (W // 4)}")
     sp.load_state_dict(mup.state_dict())
     if bias:
@@ -283,18 +284,20 @@ def test_mup_logits_are_the_head_of_the_final_state_over_m(bias):
             sp.head.bias.copy_(mup.head.bias)
     x = tokens()
     b = mup.head.bias if bias else 0.0
-    torch.testing.assert_close(mup(x), (sp(x) - b) / M + b, rtol=1e-5, atol=1e-6)
-    assert mup.output_multiplier == 1 / M and sp.output_multiplier == 1.0
+    torch.testing.assert_close(mup(x), (sp(x) - b) * mult / M + b, rtol=1e-5, atol=1e-6)
+    assert mup.output_multiplier == pytest.approx(mult / M) and sp.output_multiplier == 1.0
 
 
-@pytest.mark.parametrize("width", [32, 64, 128])
-def test_mup_attention_scale_is_1_over_head_dim(width):
-    """q.k / head_dim (TP V section 4), head_dim = width / n_heads: the module's attention output against the
+@pytest.mark.parametrize("width, mult", [(32, 1.0), (64, 1.0), (128, 1.0), (32, 4.0), (128, 0.5)])
+def test_mup_attention_scale_is_1_over_head_dim(width, mult):
+    """a_attn q.k / head_dim (TP V section 4; a_attn = model.mup_attn_mult, the base attention multiplier of
+    microsoft/mutransformers' attn_mult), head_dim = width / n_heads: the module's attention output against the
     softmax written out here with that scale."""
-    model = build("model.parametrization=mup", "model.mup_base_width=32", f"model.d_model={width}")
+    extra = [f"model.mup_attn_mult={mult}"] if mult != 1.0 else []
+    model = build("model.parametrization=mup", "model.mup_base_width=32", f"model.d_model={width}", *extra)
     hd = width // 4
     attn = model.blocks[0].attn
-    assert attn.scale == 1 / hd
+    assert attn.scale == pytest.approx(mult / hd)
     h = torch.randn(2, 16, width)
     q, k, v = attn.project(h, model.position)
     T = q.shape[-2]
@@ -304,7 +307,7 @@ def test_mup_attention_scale_is_1_over_head_dim(width):
         probs = (q @ k.transpose(-2, -1) * scale + mask).softmax(-1)
         return attn.out((probs @ v).transpose(1, 2).reshape(2, T, width))
 
-    torch.testing.assert_close(attn(h, model.position), attention(1 / hd), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(attn(h, model.position), attention(mult / hd), rtol=1e-5, atol=1e-6)
     assert not torch.allclose(attn(h, model.position), attention(hd**-0.5), rtol=1e-3, atol=1e-5)
 
 
@@ -390,6 +393,22 @@ def test_mup_builds_and_trains_with_every_preset(overrides):
         (["model.parametrization=mup", "model.mup_base_width=16", "optim=sgd"], "optim.name='sgd' is invalid"),
         (["model.parametrization=mup", "model.mup_base_width=16", "optim=muon"], "optim.name='muon' is invalid"),
         (["model.parametrization=mup", "model.mup_base_width=16", "attention.scale=0.1"], "attention.scale=0.1"),
+        (
+            ["model.parametrization=mup", "model.mup_base_width=16", "model.mup_output_mult=0"],
+            "model.mup_output_mult=0.0 is invalid: must be a positive number",
+        ),
+        (
+            ["model.parametrization=mup", "model.mup_base_width=16", "model.mup_attn_mult=-1"],
+            "model.mup_attn_mult=-1.0 is invalid: must be a positive number",
+        ),
+        (
+            ["model.mup_output_mult=2"],
+            "model.mup_output_mult=2.0 is invalid: model.parametrization=sp has no mup_output_mult (mup)",
+        ),
+        (
+            ["model.mup_attn_mult=2"],
+            "model.mup_attn_mult=2.0 is invalid: model.parametrization=sp has no mup_attn_mult (mup)",
+        ),
         (["model.parametrization=mup", "model.mup_base_width=16", "model.embed_dim=16"], "model.embed_dim=16"),
     ],
 )
