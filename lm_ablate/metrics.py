@@ -49,6 +49,28 @@ def layer_metric(layer: int, name: str) -> str:
     return f"{LAYER_PREFIX}{layer}/{name}"
 
 
+# downstream evaluation (eval.tasks, lm_ablate/eval/): every eval.every steps and at the end, in metrics.jsonl rows
+# and, the last values, under the same names in summary.json
+DOWNSTREAM = "downstream/{task}/{kind}"
+DOWNSTREAM_KINDS = ("acc", "acc_norm", "bpb")  # lm_ablate/eval/scorer.py; one-choice tasks (lambada): no acc_norm
+DOWNSTREAM_SECONDS = "perf/downstream_s"  # wall seconds of that step's downstream evaluation, all tasks
+
+
+def downstream(task: str, kind: str) -> str:
+    """Downstream metric name, e.g. ``downstream/shakespeare_order/acc``."""
+    return DOWNSTREAM.format(task=task, kind=kind)
+
+
+# lm-evaluation-harness results of a finished run (python -m lm_ablate.evaluate), beside its record
+LM_EVAL_FILE = "lm_eval.json"  # {"tasks": {task: {metric: value}}, "step": N, ...}
+LM_EVAL = "lm_eval/{task}/{metric}"
+
+
+def lm_eval_metric(task: str, metric: str) -> str:
+    """Name of an lm-eval result, e.g. ``lm_eval/hellaswag/acc_norm`` (metric without lm-eval's ``,none``)."""
+    return LM_EVAL.format(task=task, metric=metric)
+
+
 # --- run record files (in the Hydra output directory of each run) --------------------------------------
 CONFIG_FILE = "config.yaml"  # resolved config, plus `choices` (the option picked in each group)
 METRICS_FILE = "metrics.jsonl"  # one JSON object per logged step: {"step": int, <metric name>: float, ...}
@@ -91,6 +113,9 @@ DIVERGED_AT = "diverged_at_step"
 SKIPPED_STEPS = "skipped_steps"  # updates dropped for a non-finite loss/grad norm (train.divergence=skip)
 RESUMED_FROM = "resumed_from_step"  # steps of each resume, in order
 ERROR = "error"
+DOWNSTREAM_EVAL_S = "downstream_eval_s"  # mean wall seconds of one downstream evaluation (all tasks)
+DOWNSTREAM_EVALS = "downstream_evals"  # how many downstream evaluations the run made
+DOWNSTREAM_EXAMPLES = "downstream_examples"  # {task: examples scored per evaluation}
 
 # --- JSON of the run record ------------------------------------------------------------------------------
 # Run records are strict JSON (jq, JavaScript and Go read them): a non-finite float is written as one of these

@@ -224,6 +224,29 @@ class LadderConfig:
 
 
 @dataclass
+class EvalTaskConfig:
+    """One downstream task (lm_ablate/eval/tasks.py): where its rows come from and how they become examples."""
+
+    name: str = MISSING  # the metric prefix: downstream/<name>/{acc,acc_norm,bpb}
+    format: str = MISSING  # row -> example: arc | hellaswag | piqa | winogrande | openbookqa | csqa | siqa |
+    # lambada | mc (context, choices, gold) | shakespeare_order | shakespeare_next_line (embedded, no path)
+    path: Optional[str] = None  # a hub dataset or a local dataset folder (datasets), or a local .jsonl file
+    subset: Optional[str] = None  # the hub dataset's configuration (ARC-Easy, winogrande_xl, ...)
+    split: Optional[str] = None  # the split to score (validation, test)
+
+
+@dataclass
+class EvalConfig:
+    """Downstream evaluation inside the loop (conf/eval/: one file per task set; lm_ablate/eval/)."""
+
+    name: str = "none"  # the task set (file name in conf/eval/); none = no downstream evaluation
+    tasks: list[EvalTaskConfig] = field(default_factory=list)
+    every: Optional[int] = None  # steps between evaluations (and one at the end); null = only at the end
+    max_examples: Optional[int] = None  # the first N examples of each task (fast in-loop subsets); null = all
+    batch_tokens: int = 4096  # tokens per forward pass (padding included): bounds memory at batch x length x vocab
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     norm: NormConfig = field(default_factory=NormConfig)
@@ -236,6 +259,7 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     ladder: LadderConfig = field(default_factory=LadderConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0  # seeds init, data order and dropout; the same seed gives the same curve
     study: str = "default"  # name of the study: W&B group and report title
     choices: dict[str, Optional[str]] = field(default_factory=dict)  # filled at run time from Hydra

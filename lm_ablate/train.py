@@ -42,6 +42,7 @@ from lm_ablate import metrics as M
 from lm_ablate.config import AXES, CONF_DIR, ConfigError, compose_error_message, to_container, validate
 from lm_ablate.data import check_length, check_vocab_key, get_batch, load_data, record_vocabulary, val_batches
 from lm_ablate.distributed import init_distributed
+from lm_ablate.eval import Downstream
 from lm_ablate.ladder import apply_rung, check_budget, check_budget_keys, non_embedding_params, token_budget
 from lm_ablate.model import TransformerLM, model_cost
 from lm_ablate.optim import build_schedule
@@ -307,6 +308,7 @@ class Trainer:
             raise ConfigError(f"train.extrapolation={list(t.extrapolation)} is invalid: the validation split has "
                               f"{len(self.data.val)} tokens, fewer than {longest + 1}")  # fmt: skip
         check_step_memory(cfg, self.data.vocab_size, self.device, self.dist.world)
+        self.downstream = Downstream(cfg, self.data.tokenizer, self.device, self.autocast)  # tasks read, encoded
         self.tokens_per_step = t.batch_size * cfg.model.context  # global, all ranks together
         tokens_cap = math.inf if t.max_tokens is None else math.ceil(t.max_tokens / self.tokens_per_step)
         self.horizon = min(t.max_steps, tokens_cap)  # the step the LR schedule ends at
@@ -569,12 +571,16 @@ class Trainer:
                     stop_reason = self.budget_spent(step)
                     if step % t.eval_every == 0 or stop_reason:
                         row[M.VAL_LOSS] = self.evaluate()
+                    if self.downstream.due(step, final=bool(stop_reason)):  # eval.tasks (lm_ablate/eval/)
+                        row.update(self.downstream.evaluate(self.model))
+                        self.downstream.summarize(self.summary, row)
                     if stop_reason and t.extrapolation:
                         row.update(extrapolate(self.model, self.data.val, cfg, self.device, self.autocast))
                         self.summary["extrapolation"] = {k: row[M.val_loss_at(k)] for k in t.extrapolation}
-                    if step % t.log_every == 0 or M.VAL_LOSS in row or not finite or probing:
+                    evaluated = M.VAL_LOSS in row or M.DOWNSTREAM_SECONDS in row
+                    if step % t.log_every == 0 or evaluated or not finite or probing:
                         self.tracker.log(row, step)
-                    if M.VAL_LOSS in row:
+                    if evaluated:
                         self.tracker.summary(self.snapshot())
                     signalled = self.dist.any(signals.signum is not None, self.device)
                     if stop_reason or (t.checkpoint_every and step % t.checkpoint_every == 0) or signalled:
