@@ -105,6 +105,11 @@ METRICS: dict[str, MetricSpec] = {
         ratio=True,
         pools=(LR_KEY, "model.d_model"),
     ),
+    "widest_val_loss_at_best_lr": MetricSpec(
+        "final validation loss at the widest model.d_model the runs have, each side at its own best LR there (the "
+        "LR with the lowest mean over completed seeds), arm - baseline: mu-transferred vs tuned at full width",
+        pools=(LR_KEY, "model.d_model"),
+    ),
     "compute_multiplier": MetricSpec(
         "compute multiplier CM = L_base^-1(L_arm(C)) / C of a scaling study (> 1: the arm needs less compute)",
         ratio=True,

@@ -410,6 +410,16 @@ def final_val_loss_at_best_lr(sel: Selection) -> Effect | str:
     return compare_values(sides[0], sides[1])
 
 
+def widest_val_loss_at_best_lr(sel: Selection) -> Effect | str:
+    """final_val_loss_at_best_lr on the runs of the widest model.d_model either side has (lr_transfer: muP at its
+    best LR at the widest width against SP at its own best there)."""
+    width = {r: _num(sel.rs.configs[r].get("model.d_model")) for r in (*sel.arm, *sel.baseline)}
+    widest = max((w for w in width.values() if math.isfinite(w)), default=math.nan)
+    arm = [r for r in sel.arm if width[r] == widest]
+    base = [r for r in sel.baseline if width[r] == widest]
+    return final_val_loss_at_best_lr(Selection(sel.inputs, sel.claim, arm, base))
+
+
 def _best_lr_spread(losses: dict[Any, dict[float, dict[Any, float]]], seeds: np.ndarray) -> float:
     """max / min over widths of the LR whose mean capped loss over ``seeds`` (with repeats) is lowest."""
     best = []
@@ -497,6 +507,7 @@ METRIC_FUNCTIONS: dict[str, Callable[[Selection], Effect | str]] = {
     "lr_sensitivity": lr_sensitivity,
     "final_val_loss_at_best_lr": final_val_loss_at_best_lr,
     "best_lr_spread": best_lr_spread,
+    "widest_val_loss_at_best_lr": widest_val_loss_at_best_lr,
     "compute_multiplier": compute_multiplier,
 }
 
