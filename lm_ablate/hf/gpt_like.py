@@ -119,8 +119,9 @@ def rope_fraction(hf_config: Any, field: str, rotary_dims: int | None, hd: int) 
     return rotary_dims / hd
 
 
-def build(arch: str, overrides: list[str], vocab_size: int) -> tuple[TransformerLM, DictConfig]:
-    cfg = compose([f"arch={arch}", *overrides], refuse_unread=False)  # a value no option reads is dropped
+def build(overrides: list[str], vocab_size: int) -> tuple[TransformerLM, DictConfig]:
+    """The model of a family's overrides (``arch=<preset>`` first: ``OVERRIDES``)."""
+    cfg = compose(overrides, refuse_unread=False)  # a value no option reads is dropped
     return TransformerLM(cfg, vocab_size), cfg
 
 
@@ -187,9 +188,7 @@ def finish(model: TransformerLM, cfg: DictConfig, weights: Weights) -> tuple[Tra
 # ---------------------------------------------------------------------------------------------- families
 
 
-@CONVERTERS.register("gpt2")
-def gpt2(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
-    c = hf_model.config
+def gpt2_overrides(c: Any) -> list[str]:
     require(c, "add_cross_attention", False, "decoder-only models only (no cross-attention)")
     require(c, "scale_attn_by_inverse_layer_idx", False, "a per-layer logit scale is not modelled")
     d = c.n_embd
@@ -198,7 +197,12 @@ def gpt2(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
     overrides += dropouts(c.embd_pdrop, c.attn_pdrop, c.resid_pdrop)
     if not c.scale_attn_weights:
         overrides.append("attention.scale=1.0")
-    model, cfg = build("gpt2", overrides, c.vocab_size)
+    return ["arch=gpt2", *overrides]
+
+
+@CONVERTERS.register("gpt2")
+def gpt2(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
+    model, cfg = build(gpt2_overrides(hf_model.config), hf_model.config.vocab_size)
     t = hf_model.transformer
     w: Weights = {"embed.weight": t.wte.weight, "position.table.weight": t.wpe.weight}
     for i, h in enumerate(t.h):
@@ -211,15 +215,18 @@ def gpt2(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
     return finish(model, cfg, w | norm("final_norm", t.ln_f) | head(hf_model))
 
 
-@CONVERTERS.register("gptj")
-def gptj(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
-    c = hf_model.config
+def gptj_overrides(c: Any) -> list[str]:
     d, heads = c.n_embd, c.n_head
     fraction = rope_fraction(c, "rotary_dim", c.rotary_dim, d // heads)
     overrides = sizes(c, d, c.n_layer, heads, c.n_positions, c.n_inner or 4 * d)
     overrides += activation(c, "activation_function") + [f"norm.eps={c.layer_norm_epsilon}"]
     overrides += [f"position.fraction={fraction}"] + dropouts(c.embd_pdrop, c.attn_pdrop, c.resid_pdrop)
-    model, cfg = build("gptj", overrides, c.vocab_size)
+    return ["arch=gptj", *overrides]
+
+
+@CONVERTERS.register("gptj")
+def gptj(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
+    model, cfg = build(gptj_overrides(hf_model.config), hf_model.config.vocab_size)
     t = hf_model.transformer
     w: Weights = {"embed.weight": t.wte.weight}
     for i, h in enumerate(t.h):
@@ -231,9 +238,7 @@ def gptj(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
     return finish(model, cfg, w | norm("final_norm", t.ln_f) | head(hf_model))
 
 
-@CONVERTERS.register("gpt_neox")
-def gpt_neox(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
-    c = hf_model.config
+def gpt_neox_overrides(c: Any) -> list[str]:
     d, heads = c.hidden_size, c.num_attention_heads
     rope = c.rope_parameters
     if rope.get("rope_type", "default") != "default":
@@ -248,7 +253,14 @@ def gpt_neox(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
     overrides += dropouts(c.hidden_dropout, c.attention_dropout, c.hidden_dropout)
     if not c.use_parallel_residual:
         overrides.append("model.block=serial")  # x += attn(ln1 x); x += ffn(ln2 x): the pre-LN serial block
-    model, cfg = build("neox", overrides, c.vocab_size)
+    return ["arch=neox", *overrides]
+
+
+@CONVERTERS.register("gpt_neox")
+def gpt_neox(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
+    c = hf_model.config
+    heads = c.num_attention_heads
+    model, cfg = build(gpt_neox_overrides(c), c.vocab_size)
     t = hf_model.gpt_neox
     w: Weights = {"embed.weight": t.embed_in.weight}
     for i, h in enumerate(t.layers):
@@ -261,9 +273,7 @@ def gpt_neox(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
     return finish(model, cfg, w | norm("final_norm", t.final_layer_norm) | head(hf_model))
 
 
-@CONVERTERS.register("opt")
-def opt(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
-    c = hf_model.config
+def opt_overrides(c: Any) -> list[str]:
     d = c.hidden_size
     require(c, "layer_norm_elementwise_affine", True, "LayerNorms without gain and bias are not modelled")
     require(c, "layerdrop", 0.0, "layer dropout is not modelled")
@@ -276,7 +286,13 @@ def opt(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
     overrides += dropouts(0.0, c.attention_dropout, c.dropout)  # OPT's decoder drops no embedding
     if c.word_embed_proj_dim != d:  # OPT-350m: 512-wide embeddings and head, project_in / project_out
         overrides.append(f"model.embed_dim={c.word_embed_proj_dim}")
-    model, cfg = build("opt_postln", overrides, c.vocab_size)
+    return ["arch=opt_postln", *overrides]
+
+
+@CONVERTERS.register("opt")
+def opt(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
+    c = hf_model.config
+    model, cfg = build(opt_overrides(c), c.vocab_size)
     t = hf_model.model.decoder
     table = t.embed_positions.weight[OPT_POSITION_OFFSET : OPT_POSITION_OFFSET + c.max_position_embeddings]
     w: Weights = {"embed.weight": t.embed_tokens.weight, "position.table.weight": table}
@@ -294,14 +310,19 @@ def opt(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
     return finish(model, cfg, w | head(hf_model))
 
 
-@CONVERTERS.register("bloom")
-def bloom(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
-    c = hf_model.config
+def bloom_overrides(c: Any) -> list[str]:
     d, heads = c.hidden_size, c.n_head
     require(c, "apply_residual_connection_post_layernorm", False, "the residual is the un-normalized stream")
     overrides = sizes(c, d, c.n_layer, heads, BLOOM_CONTEXT, 4 * d) + [f"norm.eps={c.layer_norm_epsilon}"]
     overrides += dropouts(0.0, c.attention_dropout, c.hidden_dropout)  # BLOOM drops no embedding
-    model, cfg = build("bloom", overrides, c.vocab_size)
+    return ["arch=bloom", *overrides]
+
+
+@CONVERTERS.register("bloom")
+def bloom(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
+    c = hf_model.config
+    heads = c.n_head
+    model, cfg = build(bloom_overrides(c), c.vocab_size)
     t = hf_model.transformer
     w: Weights = {"embed.weight": t.word_embeddings.weight} | norm("embed_norm", t.word_embeddings_layernorm)
     for i, h in enumerate(t.h):
@@ -314,3 +335,14 @@ def bloom(hf_model: Any) -> tuple[TransformerLM, DictConfig]:
         )
         w |= linear(p + "attn.out", a.dense) | linear(p + "ffn.down", h.mlp.dense_4h_to_h)
     return finish(model, cfg, w | norm("final_norm", t.ln_f) | head(hf_model))
+
+
+# model_type -> the overrides (``arch=<preset>`` first) its HF config translates into; lm_ablate/hf/export.py
+# runs them on the config it writes to check that importing it back gives the run's config
+OVERRIDES = {
+    "gpt2": gpt2_overrides,
+    "gptj": gptj_overrides,
+    "gpt_neox": gpt_neox_overrides,
+    "opt": opt_overrides,
+    "bloom": bloom_overrides,
+}

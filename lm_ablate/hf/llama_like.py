@@ -188,16 +188,46 @@ def translate(hf: Any, family: Family) -> list[str]:
     return groups + [f"{key}={_value(v)}" for key, v in values.items()]
 
 
+def weight_pairs(model: TransformerLM, family: Family) -> list[tuple[Tensor, tuple[str, ...]]]:
+    """Each parameter of ``model`` and the HF parameters whose rows it stacks, in order: qkv = [q; k; v] (the
+    order of our split), gate_up = [gate; up] (the order of our chunk). Import copies along these pairs; export
+    (lm_ablate/hf/export.py) splits along them."""
+    pairs: list[tuple[Tensor, tuple[str, ...]]] = []
+
+    def linear(dst: nn.Linear, *prefixes: str) -> None:
+        pairs.append((dst.weight, tuple(f"{p}.weight" for p in prefixes)))
+        if dst.bias is not None:
+            pairs.append((dst.bias, tuple(f"{p}.bias" for p in prefixes)))
+
+    pairs.append((model.embed.weight, ("model.embed_tokens.weight",)))
+    for i, block in enumerate(model.blocks):
+        hf_layer = f"model.layers.{i}"
+        attn = f"{hf_layer}.self_attn"
+        linear(block.attn.qkv, f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj")
+        linear(block.attn.out, f"{attn}.o_proj")
+        for side in ("q", "k"):  # the norm's one gain, wherever our QK-norm keeps it (whole vs per head)
+            gains = list(getattr(block.attn, f"{side}_norm").parameters())  # none without QK-norm
+            if gains:
+                pairs.append((gains[0], (f"{attn}.{side}_norm.weight",)))
+        mlp = f"{hf_layer}.mlp"
+        linear(block.ffn.gate_up, f"{mlp}.gate_proj", f"{mlp}.up_proj")
+        linear(block.ffn.down, f"{mlp}.down_proj")
+        for hf_name, ours in family.norms.items():
+            pairs.append((block.get_submodule(ours).weight, (f"{hf_layer}.{hf_name}.weight",)))
+    pairs.append((model.final_norm.weight, ("model.norm.weight",)))
+    if model.head.weight is not model.embed.weight:
+        pairs.append((model.head.weight, ("lm_head.weight",)))
+    return pairs
+
+
 @torch.no_grad()
 def copy_weights(model: TransformerLM, hf_model: nn.Module, family: Family) -> None:
-    """Copy every HF parameter into ``model``; fused matrices are concatenated rows: qkv = [q; k; v] (the
-    order of our split) and gate_up = [gate; up] (the order of our chunk). Fails if either side has a
-    parameter left over, so a config field the translation missed cannot pass silently."""
+    """Copy every HF parameter into ``model`` along :func:`weight_pairs`. Fails if either side has a parameter
+    left over, so a config field the translation missed cannot pass silently."""
     source = dict(hf_model.named_parameters())  # a tied head appears once, as model.embed_tokens.weight
     used: set[str] = set()
     filled: set[int] = set()
-
-    def fill(dst: Tensor, *names: str) -> None:
+    for dst, names in weight_pairs(model, family):
         missing = [n for n in names if n not in source]
         if missing:
             raise ValueError(f"hf model has no parameter {missing[0]}: not a *ForCausalLM of this family?")
@@ -208,30 +238,6 @@ def copy_weights(model: TransformerLM, hf_model: nn.Module, family: Family) -> N
         dst.copy_(src)
         used.update(names)
         filled.add(id(dst))
-
-    def fill_linear(dst: nn.Linear, *prefixes: str) -> None:
-        fill(dst.weight, *(f"{p}.weight" for p in prefixes))
-        if dst.bias is not None:
-            fill(dst.bias, *(f"{p}.bias" for p in prefixes))
-
-    fill(model.embed.weight, "model.embed_tokens.weight")
-    for i, block in enumerate(model.blocks):
-        hf_layer = f"model.layers.{i}"
-        attn = f"{hf_layer}.self_attn"
-        fill_linear(block.attn.qkv, f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj")
-        fill_linear(block.attn.out, f"{attn}.o_proj")
-        for side in ("q", "k"):  # the norm's one gain, wherever our QK-norm keeps it (whole vs per head)
-            gains = list(getattr(block.attn, f"{side}_norm").parameters())  # none without QK-norm
-            if gains:
-                fill(gains[0], f"{attn}.{side}_norm.weight")
-        mlp = f"{hf_layer}.mlp"
-        fill_linear(block.ffn.gate_up, f"{mlp}.gate_proj", f"{mlp}.up_proj")
-        fill_linear(block.ffn.down, f"{mlp}.down_proj")
-        for hf_name, ours in family.norms.items():
-            fill(block.get_submodule(ours).weight, f"{hf_layer}.{hf_name}.weight")
-    fill(model.final_norm.weight, "model.norm.weight")
-    if model.head.weight is not model.embed.weight:
-        fill(model.head.weight, "lm_head.weight")
 
     left_hf = sorted(set(source) - used)
     left_ours = [name for name, p in model.named_parameters() if id(p) not in filled]
