@@ -65,7 +65,7 @@ main() {
   . .venv/bin/activate
   python -m pip install -q --upgrade pip
   install_torch
-  python -m pip install -q -e ".[test]"
+  python -m pip install -q -e ".[test,eval]"
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then

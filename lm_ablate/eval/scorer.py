@@ -80,6 +80,16 @@ def encode_pair(encode: Callable[[str], Sequence[int]], context: str, continuati
     return whole[:n], whole[n:]
 
 
+def fit(ctx: Sequence[int], cont: Sequence[int], context_len: int, where: str) -> tuple[tuple, tuple]:
+    """(context, continuation) ids cut from the left to ``context_len + 1`` tokens; one-line ConfigError naming
+    ``where`` when the continuation alone does not fit."""
+    if len(cont) > context_len:
+        raise ConfigError(f"{where}: a continuation of {len(cont)} tokens does not fit the model's context "
+                          f"({context_len} tokens, model.context)")  # fmt: skip
+    keep = context_len + 1 - len(cont)  # context tokens that fit before the continuation
+    return tuple(ctx[-keep:]), tuple(cont)
+
+
 def encode_example(encode: Callable[[str], Sequence[int]], example: Example, context_len: int, where: str) -> Encoded:
     """Token ids of every choice; one-line ConfigError naming ``where`` when a choice cannot be scored."""
     contexts, continuations = [], []
@@ -88,12 +98,9 @@ def encode_example(encode: Callable[[str], Sequence[int]], example: Example, con
         if not ctx or not cont:
             part = "context" if not ctx else "continuation"
             raise ConfigError(f"{where}: its {part} {ctx_text if not ctx else cont_text!r} is empty once tokenized")
-        if len(cont) > context_len:
-            raise ConfigError(f"{where}: a continuation of {len(cont)} tokens does not fit the model's context "
-                              f"({context_len} tokens, model.context)")  # fmt: skip
-        keep = context_len + 1 - len(cont)  # context tokens that fit before the continuation
-        contexts.append(tuple(ctx[-keep:]))
-        continuations.append(tuple(cont))
+        ctx, cont = fit(ctx, cont, context_len, where)
+        contexts.append(ctx)
+        continuations.append(cont)
     gold_text = example.continuations[example.gold]
     chars = tuple(len(c) for c in example.continuations)
     return Encoded(tuple(contexts), tuple(continuations), example.gold, chars, len(gold_text.encode("utf-8")))
