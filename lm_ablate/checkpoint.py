@@ -42,6 +42,7 @@ RESUME_MAY_DIFFER = (
     "choices.debug",
     "study",
     "claims",
+    "ladder.fit",  # which scaling fit the report's claims use: analysis only
 )
 
 

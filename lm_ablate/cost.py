@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from lm_ablate.config import ConfigError, compose, compose_error_message
 from lm_ablate.data import Vocabulary, check_vocab_key, vocabulary
-from lm_ablate.ladder import token_budget
+from lm_ablate.ladder import params_of, token_budget
 from lm_ablate.model import ModelCost, TransformerLM, model_cost
 
 NOT_TRAINED = "an upper bound: the BPE is not trained yet for this corpus, and stops short when merges run out"
@@ -36,10 +36,10 @@ def describe(overrides: list[str], vocab_size: int | None = None) -> str:
     cost = arm_cost(cfg, vocab.size)
     tokens = cfg.train.max_steps * cfg.train.batch_size * cfg.model.context
     budget = []
-    if cfg.ladder.name is not None:  # a ladder rung trains for tokens_per_param x its non-embedding parameters
-        tokens = min(tokens, token_budget(cfg, cost.params_non_embedding))
+    if cfg.ladder.name is not None:  # a ladder rung trains for tokens_per_param x budget x N (ladder.params)
+        tokens = min(tokens, token_budget(cfg, params_of(cfg, cost)))
         budget = [f"ladder            {cfg.ladder.name}, rung {cfg.ladder.rung} of {len(cfg.ladder.rungs)}: "
-                  f"{cfg.ladder.tokens_per_param:g} tokens per non-embedding parameter"]  # fmt: skip
+                  f"{cfg.ladder.tokens_per_param:g} tokens per {cfg.ladder.params.replace('_', '-')} parameter"]  # fmt: skip
     elif cfg.train.max_tokens is not None:
         tokens = min(tokens, cfg.train.max_tokens)
     arm = " ".join(overrides) or "(defaults)"

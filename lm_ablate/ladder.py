@@ -3,9 +3,13 @@ proportion to its size, so that an effect can be read as a compute multiplier ac
 (``analysis/scaling.py``; the approach of OLMo's ladders and Hoffmann et al. 2022).
 
     rung r      model.d_model, model.n_layers, model.n_heads (and model.head_dim if given) = ladder.rungs[r]
-    budget      train.max_tokens = ceil(ladder.tokens_per_param x N_r),  N_r = non-embedding parameters of
-                rung r as built (an untied LM head counts: it is a matmul; lm_ablate.model.model_cost)
+    budget      train.max_tokens = ceil(ladder.tokens_per_param x b x N_r), b = ladder.budget (null: the
+                largest of ladder.budgets, else 1), N_r = the rung's parameters as built, by ladder.params:
+                non_embedding (default: an untied LM head counts, it is a matmul; a tied one is the embedding)
+                or total (embeddings too); lm_ablate.model.model_cost
                 Hoffmann et al. 2022 ("Chinchilla"): ~20 tokens per parameter is compute-optimal
+    budgets     ladder.budgets = [0.5, 1, 2, 4]: one run per rung trains the largest, and a decay branch from
+                it gives each smaller budget its own record (WSD-S; lm_ablate/budgets.py)
     LR rule     fixed   optim.lr at every rung
     (ladder.lr) grid    the sweep also varies optim.lr; the analysis keeps each (arm, rung)'s best LR
                 mup     model.parametrization=mup with base width = rung 0's d_model: optim.lr tuned once at
@@ -25,9 +29,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lm_ablate.budgets import budget_of, budget_tokens, plan
 from lm_ablate.data import vocabulary
 from lm_ablate.errors import ConfigError, bad
-from lm_ablate.model import TransformerLM, model_cost
+from lm_ablate.model import ModelCost, TransformerLM, model_cost
 from lm_ablate.validation import SHAPE_KEYS, validate
 from lm_ablate.validation import check_ladder as check_ladder_keys
 
@@ -55,16 +60,32 @@ def check_budget_keys(cfg: Any) -> None:
                   "a ladder sets it (ladder.tokens_per_param x non-embedding parameters); leave it null")  # fmt: skip
 
 
-def non_embedding_params(cfg: DictConfig, vocab_size: int) -> int:
-    """N of the model ``cfg`` describes, counted on a model built on the meta device (no memory, no RNG)."""
+def params_of(cfg: Any, cost: ModelCost) -> int:
+    """The N a budget is a multiple of (ladder.params: non_embedding or total)."""
+    return cost.params_total if cfg.ladder.params == "total" else cost.params_non_embedding
+
+
+def budget_params(cfg: DictConfig, vocab_size: int) -> int:
+    """N (ladder.params) of the model ``cfg`` describes, counted on a model built on the meta device (no memory,
+    no RNG)."""
     with torch.device("meta"):
         model = TransformerLM(cfg, vocab_size)
-    return model_cost(model, cfg).params_non_embedding
+    return params_of(cfg, model_cost(model, cfg))
 
 
-def token_budget(cfg: DictConfig, params_non_embedding: int) -> int:
-    """train.max_tokens of this rung: ceil(tokens_per_param x N)."""
-    return math.ceil(cfg.ladder.tokens_per_param * params_non_embedding)
+def token_budget(cfg: DictConfig, n_params: int) -> int:
+    """train.max_tokens of this rung: ceil(tokens_per_param x budget x N) (N: :func:`params_of`)."""
+    return budget_tokens(cfg.ladder, n_params)
+
+
+def set_budget(cfg: DictConfig, vocab_size: int) -> int:
+    """Set train.max_tokens of a ladder run (checked: :func:`check_budget`); returns the N it is a multiple of."""
+    n = budget_params(cfg, vocab_size)
+    budget = token_budget(cfg, n)
+    check_budget(cfg, budget)
+    with open_dict(cfg):
+        cfg.train.max_tokens = budget
+    return n
 
 
 def check_budget(cfg: DictConfig, budget: int) -> None:
@@ -72,7 +93,10 @@ def check_budget(cfg: DictConfig, budget: int) -> None:
     t = cfg.train
     tokens_per_step = t.batch_size * cfg.model.context
     steps = math.ceil(budget / tokens_per_step)
-    rung = f"rung {cfg.ladder.rung} ({budget} tokens = {cfg.ladder.tokens_per_param:g} x its non-embedding parameters)"
+    times = (
+        f"{cfg.ladder.tokens_per_param:g} x {budget_of_text(cfg)}its {cfg.ladder.params.replace('_', '-')} parameters"
+    )
+    rung = f"rung {cfg.ladder.rung} ({budget} tokens = {times})"
     if budget < tokens_per_step:
         raise bad("ladder.tokens_per_param", cfg.ladder.tokens_per_param,
                   f"gives {rung} less than one step of {tokens_per_step} tokens")  # fmt: skip
@@ -81,8 +105,13 @@ def check_budget(cfg: DictConfig, budget: int) -> None:
                   f"stops {rung} before the {steps} steps of its budget: raise it (ladder yamls set 10^9)")  # fmt: skip
 
 
+def budget_of_text(cfg: Any) -> str:
+    b = budget_of(cfg.ladder)
+    return "" if b == 1 else f"{b:g} x "
+
+
 def rung_sizes(cfg: DictConfig, vocab_size: int) -> list[int]:
-    """N of every rung of the ladder (the other keys of ``cfg`` as they are)."""
+    """N (ladder.params) of every rung of the ladder (the other keys of ``cfg`` as they are)."""
     sizes = []
     for i in range(len(cfg.ladder.rungs)):
         other = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
@@ -93,20 +122,22 @@ def rung_sizes(cfg: DictConfig, vocab_size: int) -> list[int]:
             validate(other)
         except ConfigError as err:  # say which rung's shape it is
             raise bad(f"ladder.rungs[{i}]", dict(cfg.ladder.rungs[i]), f"its model does not validate: {err}") from None
-        sizes.append(non_embedding_params(other, vocab_size))
+        sizes.append(budget_params(other, vocab_size))
     return sizes
 
 
 def check_ladder(cfg: DictConfig, vocab_size: int) -> None:
-    """Before any job starts: rungs strictly increasing in non-embedding parameters, and every rung's budget at
-    least one step (one line naming the key)."""
+    """Before any job starts: rungs strictly increasing in parameters (ladder.params), every rung's budget at
+    least one step, and its decay branches possible (one line naming the key)."""
     sizes = rung_sizes(cfg, vocab_size)
     for i in range(1, len(sizes)):
         if sizes[i] <= sizes[i - 1]:
             raise bad(f"ladder.rungs[{i}]", dict(cfg.ladder.rungs[i]),
-                      f"has {sizes[i]} non-embedding parameters, not more than rung {i - 1}'s {sizes[i - 1]}: "
+                      f"has {sizes[i]} {cfg.ladder.params} parameters, not more than rung {i - 1}'s {sizes[i - 1]}: "
                       "rungs must increase in size")  # fmt: skip
-    check_budget(cfg, token_budget(cfg, sizes[cfg.ladder.rung]))
+    n = sizes[cfg.ladder.rung]
+    check_budget(cfg, token_budget(cfg, n))
+    plan(cfg, n)
 
 
 def vocab_size_of(data: Any) -> int:

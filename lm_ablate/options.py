@@ -34,7 +34,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lm_ablate.errors import ConfigError, bad
 
-LADDER_KEYS = ("rung", "rungs", "tokens_per_param", "lr")  # read only with a ladder (ladder.name set)
+# read only with a ladder (ladder.name set)
+LADDER_KEYS = ("rung", "rungs", "tokens_per_param", "lr", "params", "budgets", "budget", "fit")
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,13 @@ class LadderConfig:
     )  # shapes, smallest first: d_model, n_layers, n_heads, ...
     tokens_per_param: Optional[float] = 20.0  # token budget per non-embedding parameter (sets train.max_tokens)
     lr: Optional[str] = "fixed"  # per-rung LR rule: fixed (optim.lr everywhere) | grid (sweep crosses optim.lr) | mup
+    params: Optional[str] = "non_embedding"  # the N of the budget and of L(N, D) fits: non_embedding | total
+    budgets: Optional[list[float]] = None  # WSD-S: budgets as multiples of tokens_per_param x N, increasing; one
+    # run trains the largest and branches a decay at each smaller one (lm_ablate/budgets.py); null = [1]
+    budget: Optional[float] = None  # the one budget this record trains (a branch, or a run of one budget); null =
+    # the largest of budgets, with a branch for each of the others
+    fit: Optional[str] = "auto"  # the scaling fit the report's claims use (docs/ladders.md): auto | per_arm |
+    # shared_e | shared_e_alpha | nd_per_arm | nd_shared_e | nd_shared_exponents
 
 
 @dataclass

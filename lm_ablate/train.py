@@ -35,15 +35,16 @@ from typing import Any
 import hydra
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from lm_ablate import checkpoint as ckpt
 from lm_ablate import metrics as M
+from lm_ablate.budgets import Forks, train_branches
 from lm_ablate.config import AXES, CONF_DIR, ConfigError, compose_error_message, to_container, validate
 from lm_ablate.data import check_length, check_vocab_key, get_batch, load_data, record_vocabulary, val_batches
 from lm_ablate.distributed import init_distributed
 from lm_ablate.eval import Downstream
-from lm_ablate.ladder import apply_rung, check_budget, check_budget_keys, non_embedding_params, token_budget
+from lm_ablate.ladder import apply_rung, check_budget_keys, set_budget
 from lm_ablate.model import TransformerLM, model_cost
 from lm_ablate.optim import build_schedule
 from lm_ablate.options import explicit_keys, settle
@@ -286,11 +287,8 @@ class Trainer:
         # --- checks: nothing is written before all of them pass -------------------------------------------
         self.data = load_data(cfg.data)
         vocab_note = record_vocabulary(cfg, self.data.vocab_size)  # model.vocab_size, in the config recorded below
-        if cfg.ladder.name is not None:  # the rung's budget: tokens_per_param x N (N needs the vocabulary)
-            budget = token_budget(cfg, non_embedding_params(cfg, self.data.vocab_size))
-            check_budget(cfg, budget)
-            with open_dict(cfg):
-                cfg.train.max_tokens = budget
+        # the rung's budget: tokens_per_param x budget x N (N needs the vocabulary)
+        n_budget = set_budget(cfg, self.data.vocab_size) if cfg.ladder.name is not None else None
         self.config = to_container(cfg)
         check_finished(run_dir, self.config)  # every rank reads it, so all of them stop alike
         resume_from = ckpt.find_resume(run_dir, t.resume)
@@ -302,6 +300,7 @@ class Trainer:
                 raise ckpt.CheckpointError(
                     f"train.resume={str(resume_from)!r} is invalid: the checkpoint is of another config ({shown})"
                 )
+        self.forks = Forks(cfg, run_dir, self.config, n_budget, self.dist.main)  # ladder.budgets' decay branches
         check_length(self.data, cfg.model.context)
         longest = max(t.extrapolation, default=1) * cfg.model.context
         if len(self.data.val) < longest + 1:
@@ -547,6 +546,7 @@ class Trainer:
                     self.tracker.log({M.VAL_LOSS: self.evaluate(), M.TOKENS: 0}, step=0)  # the loss at init
                 else:  # killed after the last step's checkpoint but before the summary said so: nothing to train
                     stop_reason = self.budget_spent(p.step)
+                    self.forks.catch_up(p.step)  # killed between a branch point's checkpoint and its branch
                 while stop_reason is None:
                     step = p.step + 1
                     # probe the first step too: per-layer gradients at initialization (Xiong et al. 2020)
@@ -583,8 +583,11 @@ class Trainer:
                     if evaluated:
                         self.tracker.summary(self.snapshot())
                     signalled = self.dist.any(signals.signum is not None, self.device)
-                    if stop_reason or (t.checkpoint_every and step % t.checkpoint_every == 0) or signalled:
+                    fork = self.forks.due(step)  # a WSD-S branch point: checkpoint, then the branch's start
+                    if stop_reason or (t.checkpoint_every and step % t.checkpoint_every == 0) or signalled or fork:
                         self.save_checkpoint()
+                    if fork:
+                        self.forks.fork(step)
                     bar.update(1)
                     bar.set_postfix(
                         loss=f"{row[M.TRAIN_LOSS]:.3f}", tok_s=f"{row[M.TOKENS_PER_SEC]:.0f}", refresh=False
@@ -625,10 +628,11 @@ def train(
     """Train one run (or continue it from its checkpoint) and write its record into ``run_dir``; returns the
     final summary. A finished run of the same config is returned as recorded, unchanged."""
     try:
-        trainer = Trainer(cfg, run_dir, name, on_accept)
+        summary = Trainer(cfg, run_dir, name, on_accept).run()
     except AlreadyFinished as done:
-        return done.summary
-    return trainer.run()
+        summary = done.summary
+    train_branches(cfg, Path(run_dir), name, summary, train)  # ladder.budgets: a decay branch per smaller budget
+    return summary
 
 
 def _progress(t: DictConfig, name: str, initial: int, main: bool):
@@ -692,6 +696,7 @@ def main(cfg: DictConfig) -> float | None:
         atomic_write_text(folder / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(hc.overrides.task))))
 
     name = run_name(cfg, list(hc.overrides.task))
+    summary = None
     try:
         settle(cfg, explicit_keys(hc.overrides.task))  # keys the chosen options do not read (lm_ablate/options.py)
         apply_rung(cfg)
@@ -699,17 +704,19 @@ def main(cfg: DictConfig) -> float | None:
         check_vocab_key(cfg)
         trainer = Trainer(cfg, out, name=name, on_accept=save_hydra_record)
     except AlreadyFinished as done:
-        s = done.summary
+        summary = s = done.summary
         if _is_main_rank():
             print(f"{s.get(M.STATUS)} (recorded earlier, unchanged): {s.get(M.RUN_NAME)}  "
                   f"val/loss={s.get(M.FINAL_VAL_LOSS)}  -> {out}")  # fmt: skip
-        return s.get(M.FINAL_VAL_LOSS)
     except ConfigError as err:
         _error_line(str(err))
         _remove_if_new_and_empty(out, _LAUNCHED, Path.cwd())
         sys.exit(2)
     try:
-        summary = trainer.run()
+        if summary is None:
+            summary = trainer.run()
+            _said(summary, out)
+        train_branches(cfg, out, name, summary, train, _said)  # ladder.budgets: a decay branch per smaller budget
     except Interrupted as stop:
         print(f"lm-ablate: interrupted at step {stop.summary[M.STEPS]}: {out} (the same command resumes it)",
               file=sys.stderr)  # fmt: skip
@@ -717,9 +724,12 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigError as err:  # found while training (out of memory): one line, recorded as failed
         _error_line(str(err))
         sys.exit(2)
+    return summary.get(M.FINAL_VAL_LOSS)  # the objective for optimizing sweepers (Optuna, Nevergrad)
+
+
+def _said(summary: dict[str, Any], out: Path) -> None:
     if _is_main_rank():
         print(f"{summary[M.STATUS]}: {summary[M.RUN_NAME]}  val/loss={summary[M.FINAL_VAL_LOSS]}  -> {out}")
-    return summary[M.FINAL_VAL_LOSS]  # the objective for optimizing sweepers (Optuna, Nevergrad)
 
 
 _LAUNCHED = time.time()

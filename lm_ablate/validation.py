@@ -267,6 +267,9 @@ def _train(cfg: DictConfig) -> None:
 SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "head_dim")  # what a ladder rung may set, as model.<key>
 REQUIRED = ("d_model", "n_layers", "n_heads")
 LR_RULES = ("fixed", "grid", "mup")
+PARAM_COUNTS = ("non_embedding", "total")  # ladder.params: the N a budget is a multiple of
+# ladder.fit: the scaling fit forms (analysis/compute/scaling_forms.py); auto = chosen by held-out error
+FIT_FORMS = ("auto", "per_arm", "shared_e", "shared_e_alpha", "nd_per_arm", "nd_shared_e", "nd_shared_exponents")
 MIN_RUNGS = 3  # a fit of L(C) = E + A C^-alpha has 3 parameters; a held-out check (largest rung left out) needs 4
 
 
@@ -295,3 +298,31 @@ def check_ladder(cfg: Any) -> None:
         raise bad("ladder.tokens_per_param", lad.tokens_per_param, "must be > 0 (Hoffmann et al. 2022: 20)")
     if lad.lr not in LR_RULES:
         raise bad("ladder.lr", lad.lr, f"allowed: {', '.join(LR_RULES)}")
+    if lad.params not in PARAM_COUNTS:
+        raise bad("ladder.params", lad.params, f"allowed: {', '.join(PARAM_COUNTS)}")
+    if lad.fit not in FIT_FORMS:
+        raise bad("ladder.fit", lad.fit, f"allowed: {', '.join(FIT_FORMS)}")
+    check_budgets(cfg)
+
+
+def check_budgets(cfg: Any) -> None:
+    """ladder.budgets increasing and positive, ladder.budget one of them, and WSD when a run branches (its
+    stable phase must be every shorter budget's; lm_ablate/budgets.py checks the branch points per rung)."""
+    lad = cfg.ladder
+    budgets = None if lad.budgets is None else list(lad.budgets)
+    if budgets is not None:
+        if not budgets or any(isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0 for b in budgets):
+            raise bad("ladder.budgets", budgets, "must be a list of positive numbers (multiples of "
+                      "ladder.tokens_per_param x N), e.g. [0.5, 1, 2, 4]")  # fmt: skip
+        if any(b <= a for a, b in zip(budgets, budgets[1:])):
+            raise bad("ladder.budgets", budgets, "must increase strictly, e.g. [0.5, 1, 2, 4]")
+    if lad.budget is not None:
+        if not lad.budget > 0:
+            raise bad("ladder.budget", lad.budget, "must be > 0 (a multiple of ladder.tokens_per_param x N)")
+        if budgets is not None and lad.budget not in budgets:
+            raise bad("ladder.budget", lad.budget, f"must be one of ladder.budgets {budgets} (or null: the largest, "
+                      "with a decay branch at each of the others)")  # fmt: skip
+    branches = budgets is not None and len(budgets) > 1 and lad.budget is None
+    if branches and cfg.optim.schedule != "wsd":
+        raise bad("optim.schedule", cfg.optim.schedule, f"ladder.budgets {budgets} branches a decay from the "
+                  "largest budget's run, so its stable phase must be every shorter budget's: allowed: wsd")  # fmt: skip

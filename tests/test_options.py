@@ -32,6 +32,8 @@ SAMPLE: dict[str, Any] = {
     "tracking.tags": ["extra"],
     "ladder.rungs": [{"d_model": d, "n_layers": 1, "n_heads": 2} for d in (16, 24, 32)],
     "ladder.rung": 1,
+    "ladder.budgets": [1.0],
+    "ladder.budget": 1.0,
     "data.path": "/tmp/corpus.txt",
     "data.vocab_size": 300,
     "data.hf_config": "plain",
