@@ -6,14 +6,34 @@ and CUDA: dropout draws from them), the spike detectors, the throughput meter an
 Files are written to a temporary name and renamed, so a kill leaves either the old or the new checkpoint,
 never half of one; the last ``keep`` are kept. Loading uses ``torch.load(weights_only=True)``: a checkpoint
 cannot run code.
+
+Two layouts, one per kind of run (``train.parallel``, lm_ablate/sharding.py):
+
+    checkpoints/step_00000040.pt     one process or DDP: one file, written by rank 0 (``torch.save``)
+    checkpoints/step_00000040/       fsdp / hsdp: a folder, written by every rank (lm_ablate/dcp.py)
+        .metadata, __<r>_0.distcp      Distributed Checkpoint (DCP) of the model and the optimizer, each rank its
+                                       shards; DCP reads it back on any number of ranks (resharding)
+        rank_00000.pt, ...             each rank's RNG states
+        state.pt                       rank 0: config, step, detectors, meter, progress, summary, and the manifest
+                                       (size and CRC-32 of every other file), written last
+
+A folder is written as ``.step_00000040.partial`` and renamed once complete. Before anything is loaded (and
+before the run writes anything) :func:`load` checks it: the manifest (a corrupt or missing shard is one line),
+DCP's ``.metadata`` read by an unpickler that admits only DCP's own metadata classes (DCP itself reads it with
+``pickle``), and every non-tensor item through ``torch.load(weights_only=True)`` (DCP loads them with
+``weights_only=False``), so a folder checkpoint cannot run code either.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import random
 import re
+import shutil
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +44,9 @@ from lm_ablate.errors import ConfigError
 
 FORMAT = 1
 DIR_NAME = "checkpoints"
-_NAME = re.compile(r"^step_(\d{8})\.pt$")
+_NAME = re.compile(r"^step_(\d{8})(\.pt)?$")  # a file (one process, DDP) or a folder (fsdp, hsdp)
+STATE_FILE = "state.pt"  # a folder checkpoint's own state and manifest (rank 0)
+PARTIAL = ".partial"  # suffix of a folder checkpoint being written
 
 # config sections that may differ between the interrupted and the resumed run (they do not change the math).
 # Not the budgets: train.max_steps / max_tokens / max_time_s set the LR schedule's horizon, and two horizons
@@ -43,6 +65,13 @@ RESUME_MAY_DIFFER = (
     "study",
     "claims",
     "ladder.fit",  # which scaling fit the report's claims use: analysis only
+    # how the ranks share the work: the same math (tests/test_fsdp.py); a checkpoint of either layout resumes
+    # under each, on another number of ranks too
+    "train.parallel",
+    "train.shard_size",
+    "train.activation_checkpointing",
+    "train.ac_every",
+    "train.async_checkpoint",
 )
 
 
@@ -60,10 +89,34 @@ def checkpoint_dir(run_dir: Path) -> Path:
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's complete checkpoints, oldest first: files (one process, DDP) and folders (fsdp, hsdp)."""
     folder = checkpoint_dir(run_dir)
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if _NAME.match(p.name))
+    found = [p for p in folder.iterdir() if (m := _NAME.match(p.name)) and (p.is_dir() == (m.group(2) is None))]
+    return sorted(found, key=checkpoint_step)
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint (file or folder) was written at."""
+    return int(_NAME.match(Path(path).name).group(1))
+
+
+def is_folder_checkpoint(path: Path) -> bool:
+    return Path(path).is_dir() and (Path(path) / STATE_FILE).is_file()
+
+
+def remove_checkpoint(path: Path) -> None:
+    if Path(path).is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        Path(path).unlink(missing_ok=True)
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Keep the newest ``keep`` checkpoints (files and folders alike)."""
+    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        remove_checkpoint(old)
 
 
 def rng_state() -> dict[str, Any]:
@@ -101,8 +154,7 @@ def save(run_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
-        old.unlink(missing_ok=True)
+    prune(run_dir, keep)
     return path
 
 
@@ -127,8 +179,11 @@ def _unreadable(err: Exception) -> str:
     return f"{type(err).__name__}: {' '.join(text.split())[:160]}"
 
 
-def load(path: Path) -> dict[str, Any]:
-    """torch.load(weights_only=True): tensors and plain containers only, no code runs."""
+def load(path: Path, dist: Any = None) -> dict[str, Any]:
+    """torch.load(weights_only=True): tensors and plain containers only, no code runs. A folder checkpoint is
+    checked first (:func:`load_folder`); ``dist`` (lm_ablate.distributed.Dist) shares that work among the ranks."""
+    if Path(path).is_dir():
+        return load_folder(Path(path), dist)
     try:
         with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise before our one-line error
             warnings.simplefilter("ignore")
@@ -200,6 +255,8 @@ def find_resume(run_dir: Path, resume: str) -> Path | None:
         found = list_checkpoints(run_dir)
         return found[-1] if found else None
     path = Path(resume).expanduser()
+    if path.is_dir() and (is_folder_checkpoint(path) or _NAME.match(path.name)):
+        return path  # a folder checkpoint itself (load says what is wrong with it, if anything)
     if path.is_dir():
         found = list_checkpoints(path)
         if not found:
@@ -210,3 +267,133 @@ def find_resume(run_dir: Path, resume: str) -> Path | None:
             f"train.resume={resume!r} is invalid: no such file (allowed: auto, never, a checkpoint path)"
         )
     return path
+
+
+# --- folder checkpoints (fsdp / hsdp): the checks before anything is loaded -----------------------------------
+
+
+def _refused(path: Path, why: str) -> CheckpointError:
+    return CheckpointError(f"train.resume={str(path)!r} is invalid: {why}; {ALLOWED}")
+
+
+def crc32(path: Path, chunk: int = 1 << 24) -> int:
+    value = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            value = zlib.crc32(block, value)
+    return value
+
+
+def manifest(folder: Path, names: list[str]) -> dict[str, list[int]]:
+    """name -> [size, CRC-32] of each of ``names`` in ``folder``."""
+    return {name: [(folder / name).stat().st_size, crc32(folder / name)] for name in names}
+
+
+def _weights_only(path: Path, what: str, data: bytes | None = None) -> Any:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(io.BytesIO(data) if data is not None else path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise _refused(path.parent if data is None else path, f"unreadable {what}: {_unreadable(err)}") from None
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's ``.metadata`` is a pickle; this admits only the globals such a file names (DCP's metadata classes,
+    torch dtypes and sizes, paths), so reading it cannot run code."""
+
+    ALLOWED = {
+        "torch.distributed.checkpoint.metadata": {
+            "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "TensorProperties",
+            "ChunkStorageMetadata", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING",
+        },
+        "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+        "torch.serialization": {"_get_layout"},
+        "torch": {"Size"},
+        "collections": {"OrderedDict"},
+        "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath", "Path"},
+    }  # fmt: skip
+
+    def find_class(self, module: str, name: str) -> Any:
+        is_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if not (is_dtype or name in self.ALLOWED.get(module, ())):
+            raise pickle.UnpicklingError(f"{module}.{name}")
+        return super().find_class(module, name)
+
+
+def read_dcp_metadata(folder: Path) -> Any:
+    """DCP's metadata of a folder checkpoint, read without running code (:class:`_MetadataUnpickler`)."""
+    import torch.distributed.checkpoint.filesystem
+    import torch.distributed.checkpoint.metadata  # noqa: F401
+
+    try:
+        with open(folder / ".metadata", "rb") as f:
+            return _MetadataUnpickler(f).load()
+    except pickle.UnpicklingError as err:
+        raise _refused(folder, f"its DCP .metadata would import {err} while unpickling (loading refused: it "
+                       "could run code)") from None  # fmt: skip
+    except Exception as err:
+        raise _refused(folder, f"unreadable DCP .metadata ({type(err).__name__}: {str(err)[:120]})") from None
+
+
+def check_dcp_items(folder: Path, metadata: Any) -> None:
+    """Every file DCP would read is a plain name in the folder, untransformed, and every non-tensor item loads
+    with ``torch.load(weights_only=True)``."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    for index, info in metadata.storage_data.items():
+        name = str(info.relative_path)
+        if Path(name).name != name or name.startswith("."):
+            raise _refused(folder, f"its DCP metadata points outside the folder ({name!r})")
+        if getattr(info, "transform_descriptors", None):
+            raise _refused(folder, f"{name}: written with DCP transforms {list(info.transform_descriptors)}, "
+                           "which lm-ablate does not write")  # fmt: skip
+        if isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
+            with open(folder / name, "rb") as f:
+                f.seek(info.offset)
+                _weights_only(folder / name, f"item {index.fqn} of {name}", f.read(info.length))
+
+
+def load_folder(folder: Path, dist: Any = None) -> dict[str, Any]:
+    """A folder checkpoint's state (as :func:`load` returns a file's, without the model and optimizer, which
+    lm_ablate/dcp.py loads into the sharded model) with this rank's RNG states and ``"dcp"``: the folder.
+    Checked first: the manifest's sizes everywhere, the CRC-32s split among the ranks (``dist``), the metadata
+    and the non-tensor items; any damage is one line, on every rank."""
+    state_path = folder / STATE_FILE
+    if not state_path.is_file():
+        raise _refused(folder, f"not a checkpoint: no {STATE_FILE} in this folder")
+    state = _weights_only(state_path, STATE_FILE)
+    if not isinstance(state, dict) or state.get("format") != FORMAT or "sharded" not in state:
+        raise _refused(folder, f"not an lm-ablate folder checkpoint of format {FORMAT}")
+    files: dict[str, list[int]] = state["sharded"]["files"]
+    rank, world = (dist.rank, dist.world) if dist is not None else (0, 1)
+    problem = None
+    for name, (size, _) in sorted(files.items()):
+        if not (folder / name).is_file():
+            problem = f"damaged checkpoint: {name} is missing"
+        elif (folder / name).stat().st_size != size:
+            problem = f"damaged checkpoint: {name} has {(folder / name).stat().st_size} bytes, written with {size}"
+        if problem:
+            break
+    if problem is None:
+        for name, (_, crc) in sorted(files.items())[rank::world]:
+            if crc32(folder / name) != crc:
+                problem = f"damaged checkpoint: {name} does not match its CRC-32 (corrupt shard)"
+                break
+    if dist is not None:
+        problem = next((p for p in dist.gather(problem) if p), None)
+    if problem:
+        raise _refused(folder, problem)
+    metadata = read_dcp_metadata(folder)
+    missing = sorted({str(i.relative_path) for i in metadata.storage_data.values()} - set(files))
+    if missing:
+        raise _refused(folder, f"damaged checkpoint: DCP reads {missing[0]}, which its manifest does not list")
+    check_dcp_items(folder, metadata)
+    own = folder / rank_file(rank)
+    state["rng"] = _weights_only(own if own.is_file() else folder / rank_file(0), "RNG state")
+    state["dcp"] = str(folder)
+    return state
+
+
+def rank_file(rank: int) -> str:
+    return f"rank_{rank:05d}.pt"

@@ -1,8 +1,10 @@
 """Data parallelism under ``torchrun``: the same loop on every rank, gloo on CPU, NCCL on CUDA.
 
 Every rank draws the same global batch (batches are a pure function of (seed, step)) and trains on its own
-contiguous slice; DDP averages the gradients, so with equal slices the update equals the one-process update
-on the whole batch (up to float summation order). Only rank 0 logs, writes the run record and checkpoints.
+contiguous slice; the ranks average the gradients (DDP's all-reduce, or FSDP2's reduce-scatter:
+lm_ablate/sharding.py decides which, ``train.parallel``), so with equal slices the update equals the one-process
+update on the whole batch (up to float summation order). Only rank 0 logs and writes the run record; rank 0 writes
+the checkpoints, except under fsdp/hsdp where every rank writes its shards (lm_ablate/dcp.py).
 """
 
 from __future__ import annotations
@@ -50,6 +52,18 @@ class Dist:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
+    def gather(self, obj) -> list:
+        """Every rank's value of a picklable object, in rank order, on every rank."""
+        if not self.active:
+            return [obj]
+        out: list = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
     def broadcast(self, obj):
         """Rank 0's value of a picklable object on every rank (e.g. the run directory)."""
         if not self.active:
@@ -64,8 +78,19 @@ class Dist:
             dist.destroy_process_group()
 
 
-def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); one process otherwise."""
+def shard_degree(parallel: str, shard_size: int | None, world: int) -> int:
+    """How many ranks one copy of the model is sharded over: fsdp all of them, hsdp ``train.shard_size`` (else
+    LOCAL_WORLD_SIZE, the ranks of one node, as torchrun sets it), ddp and one process 1."""
+    if world <= 1 or parallel == "ddp":
+        return 1
+    if parallel == "hsdp":
+        return shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return world
+
+
+def init_distributed(device: torch.device, cpu_collectives: bool = False) -> tuple[Dist, torch.device]:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); one process otherwise.
+    ``cpu_collectives`` on CUDA: gloo for CPU tensors next to NCCL (DCP's async save needs it)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist(), device
@@ -74,5 +99,8 @@ def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        backend = "gloo"
+        if device.type == "cuda":
+            backend = "cpu:gloo,cuda:nccl" if cpu_collectives else "nccl"
+        dist.init_process_group(backend=backend)
     return Dist(rank, world, local_rank), device

@@ -1,4 +1,5 @@
-"""Throughput: how ``train.compile`` compiles the step; the peak that MFU is measured against; peak memory.
+"""Throughput: how ``train.compile`` compiles the step; the peak that MFU is measured against; peak memory, and
+the estimate of a step's memory on one rank (parallelism and activation checkpointing included).
 
 MFU (model FLOPs utilisation, Chowdhery et al. 2022) = FLOPs/token (lm_ablate.model.model_cost) x tokens/s
 divided by the peak. Without ``train.peak_flops`` the peak is *measured*: the best of a few large square
@@ -12,6 +13,7 @@ import functools
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -63,6 +65,17 @@ def compile_step(fn):
     return torch.compile(fn)
 
 
+def compile_blocks(model: torch.nn.Module) -> None:
+    """``train.compile`` under fsdp/hsdp: each block compiled in place (``nn.Module.compile``, names unchanged),
+    as torchtitan does (the blocks share one code, so one graph is compiled; FSDP2's hooks stay outside it). The
+    same inductor setting as :func:`compile_step`: dropout masks from torch's RNG."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fallback_random = True
+    for block in model.blocks:
+        block.compile()
+
+
 # --- memory of a training step -------------------------------------------------------------------------
 # Activation memory of one transformer layer in training (Korthikanti et al. 2022, "Reducing Activation
 # Recomputation in Large Transformer Models", section 4.1, no parallelism): s*b*h*(34 + 5*a*s/h) bytes with
@@ -72,13 +85,59 @@ def compile_step(fn):
 ACTIVATION_BYTES_PER_TOKEN_16BIT = 34  # x d_model, per layer
 SCORE_BYTES_16BIT = 5  # x heads x T, per token and layer, when the scores are materialised
 BYTES_PER_PARAM = 16  # fp32 weight, gradient and two Adam moments
+# the block input a checkpointed block keeps for its recomputation: the residual stream, fp32 (autocast keeps the
+# stream in fp32; bf16 under FSDP's mixed-precision policy, counted as fp32 here: an upper bound)
+CHECKPOINTED_BYTES_PER_TOKEN = 4  # x d_model, per checkpointed layer
 
 
-def step_memory_bytes(cfg, vocab_size: int, device_type: str, world: int = 1) -> float:
-    """Estimated peak memory of one training step on one process: parameters with gradients and optimizer
-    state, the activations of one micro-batch (Korthikanti et al. 2022, above), and the fp32 logits with their
-    log-softmax and gradient (3 x B x T x vocab x 4 bytes)."""
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """One rank's peak memory in a training step, by part (bytes)."""
+
+    parallel: str  # one process | ddp | fsdp | hsdp
+    world: int  # ranks
+    shard: int  # ranks one copy of the parameters, gradients and optimizer state is sharded over
+    params: int  # parameters counted (~12 L d^2 + 2 V d unless given)
+    states: float  # parameters, gradients, AdamW's two moments: 16 B/param, divided by ``shard``
+    working: float  # sharded: the unsharded parameters and gradients FSDP2 gathers (two blocks, the root)
+    activations: float  # one micro-batch's (Korthikanti et al. 2022), less what checkpointed blocks recompute
+    logits: float  # fp32 logits, their log-softmax and gradient
+    checkpointed: int  # blocks recomputed in backward (train.activation_checkpointing)
+
+    @property
+    def total(self) -> float:
+        return self.states + self.working + self.activations + self.logits
+
+
+def checkpointed_blocks(t, n_layers: int) -> int:
+    """How many blocks train.activation_checkpointing recomputes (lm_ablate/sharding.py: full = all, selective =
+    block i iff (i + 1) % ac_every == 0)."""
+    kind = getattr(t, "activation_checkpointing", "none")
+    if kind == "full":
+        return n_layers
+    if kind == "selective":
+        return n_layers // t.ac_every
+    return 0
+
+
+def memory_estimate(
+    cfg, vocab_size: int, device_type: str, world: int = 1, shard: int | None = None, params: int | None = None
+) -> MemoryEstimate:
+    """Estimated peak memory of one training step on one rank of ``world``: parameters with gradients and
+    optimizer state (16 B/param; sharded over ``shard`` ranks under fsdp/hsdp, default: all of them for fsdp,
+    train.shard_size or LOCAL_WORLD_SIZE for hsdp; FSDP2 then also holds the unsharded parameters of the block it
+    runs and the next one it prefetches, one block's unsharded gradients before the reduce-scatter, and the
+    root's embedding and head whole), the activations of one micro-batch (Korthikanti et al. 2022, above; a
+    checkpointed block keeps only its input, and one block is live again while recomputed), and the fp32 logits
+    with their log-softmax and gradient (3 x B x T x vocab x 4 bytes). ``params`` = the exact count (lm_ablate.cost);
+    else ~12 L d^2 + 2 V d. DDP's gradient buckets (4 B/param) and autocast's bf16 weight copies are not
+    counted."""
+    from lm_ablate.distributed import shard_degree
+
     m, t = cfg.model, cfg.train
+    parallel = getattr(t, "parallel", "ddp") if world > 1 else "one process"
+    if shard is None:
+        shard = shard_degree(parallel, getattr(t, "shard_size", None), world)
     b = max(1, t.batch_size // (world * t.grad_accum))
     T, d, L, H = m.context, m.d_model, m.n_layers, m.n_heads
     scale = 1 if device_type == "cuda" else 2  # bf16 autocast on CUDA, fp32 on CPU
@@ -87,9 +146,22 @@ def step_memory_bytes(cfg, vocab_size: int, device_type: str, world: int = 1) ->
         per_layer += T * b * H * T * SCORE_BYTES_16BIT * scale
     if cfg.attention.window is not None or cfg.position.name in ("alibi", "t5"):  # an additive [H,] T x T mask
         per_layer += T * T * 4 * (H if cfg.position.name in ("alibi", "t5") else 1)
+    n_ac = checkpointed_blocks(t, L)
+    activations = (L - n_ac) * per_layer + n_ac * T * b * d * CHECKPOINTED_BYTES_PER_TOKEN + (per_layer if n_ac else 0)
     logits = 3 * b * T * vocab_size * 4
-    params = (12 * L * d * d + 2 * vocab_size * d) * BYTES_PER_PARAM
-    return L * per_layer + logits + params
+    block, root = 12 * d * d, 2 * vocab_size * d
+    count = params if params is not None else L * block + root
+    states = count * BYTES_PER_PARAM / shard
+    working = 0.0
+    if parallel in ("fsdp", "hsdp"):
+        param_bytes = 2 if device_type == "cuda" else 4  # bf16 under the mixed-precision policy on CUDA
+        working = 2 * block * param_bytes + block * 4 + root * (param_bytes + 4)
+    return MemoryEstimate(parallel, world, shard, count, states, working, activations, logits, n_ac)
+
+
+def step_memory_bytes(cfg, vocab_size: int, device_type: str, world: int = 1) -> float:
+    """Estimated peak memory of one training step on one process (:func:`memory_estimate`'s total)."""
+    return memory_estimate(cfg, vocab_size, device_type, world).total
 
 
 def available_memory_bytes(device: torch.device) -> float | None:
@@ -125,10 +197,12 @@ def check_step_memory(cfg, vocab_size: int, device: torch.device, world: int = 1
     if free is None or need <= free:
         return
     t = cfg.train
+    more = "" if world <= 1 else f" on each of {world} ranks (train.parallel={t.parallel})"
     raise bad("model.context", cfg.model.context,
-              f"one training step needs an estimated {_gib(need)} at train.batch_size={t.batch_size} "
+              f"one training step needs an estimated {_gib(need)}{more} at train.batch_size={t.batch_size} "
               f"(train.grad_accum={t.grad_accum}) and {_gib(free)} is available: lower model.context or "
-              "train.batch_size, or raise train.grad_accum")  # fmt: skip
+              "train.batch_size, raise train.grad_accum, or shard (train.parallel=fsdp, "
+              "train.activation_checkpointing=full)")  # fmt: skip
 
 
 def out_of_memory(err: BaseException, cfg, device: torch.device) -> str | None:

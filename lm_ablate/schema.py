@@ -207,6 +207,15 @@ class TrainConfig:
     checkpoint_every: int = 100  # steps between checkpoints (one is also written at the end); 0 = only at the end
     keep_checkpoints: int = 1  # how many of the newest checkpoints to keep
     resume: str = "auto"  # auto: continue from the run dir's newest checkpoint | never | a checkpoint path
+    # how the ranks under torchrun share the model (lm_ablate/sharding.py): ddp (each holds all of it) | fsdp (FSDP2:
+    # parameters, gradients, optimizer state sharded over the ranks) | hsdp (sharded within train.shard_size ranks,
+    # replicated across); one process ignores it
+    parallel: str = "ddp"
+    shard_size: Optional[int] = None  # hsdp: ranks one copy is sharded over; None = LOCAL_WORLD_SIZE (one node)
+    # recompute blocks' activations in backward (torch's checkpoint_wrapper): none | full (every block) | selective
+    activation_checkpointing: str = "none"
+    ac_every: Optional[int] = 2  # selective: block i is recomputed iff (i + 1) % ac_every == 0
+    async_checkpoint: bool = False  # fsdp/hsdp: checkpoints written in the background (DCP async_save)
 
 
 @dataclass

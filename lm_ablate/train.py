@@ -27,7 +27,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,9 +48,10 @@ from lm_ablate.model import TransformerLM, model_cost
 from lm_ablate.optim import build_schedule
 from lm_ablate.options import explicit_keys, settle
 from lm_ablate.parametrization import optimizer_groups, set_lr
-from lm_ablate.perf import check_step_memory, compile_step, measured_peak_flops, out_of_memory, peak_memory_mb
+from lm_ablate.perf import check_step_memory, measured_peak_flops, out_of_memory, peak_memory_mb
 from lm_ablate.probes import NO_PROBE, StepProbe
 from lm_ablate.registry import OPTIMIZERS, REGULARIZERS, TRACKERS
+from lm_ablate.sharding import plan as plan_parallel
 from lm_ablate.tracking import LocalRecord, RunInfo, Tracker, Trackers, atomic_write_text
 
 # overrides that do not change what is trained: left out of run names
@@ -61,6 +61,11 @@ _BOOKKEEPING = (
     "train.device",
     "train.threads",
     "train.resume",
+    "train.parallel",  # how the ranks share the work (lm_ablate/sharding.py), not what is trained
+    "train.shard_size",
+    "train.activation_checkpointing",
+    "train.ac_every",
+    "train.async_checkpoint",
     "data.cache_dir",
     "data.num_proc",
     "hydra",
@@ -272,14 +277,13 @@ class Trainer:
         validate(cfg)
         self.session_start = time.perf_counter()
         self.cfg, t = cfg, cfg.train
-        self.dist, self.device = init_distributed(resolve_device(t.device))
+        self.dist, self.device = init_distributed(resolve_device(t.device), cpu_collectives=t.async_checkpoint)
+        self.parallel = plan_parallel(cfg, self.dist, self.device)  # one process, ddp, fsdp or hsdp
         # under torchrun each rank's Hydra may name its own dir: rank 0's wins
         self.run_dir = run_dir = Path(self.dist.broadcast(str(run_dir)))
         if t.threads:
             torch.set_num_threads(t.threads)
-        self.autocast = (
-            (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if self.device.type == "cuda" else nullcontext
-        )
+        self.autocast = self.parallel.autocast()  # bf16 on CUDA (fsdp/hsdp: FSDP2's mixed-precision policy)
         if t.batch_size % (self.dist.world * t.grad_accum):
             raise ConfigError(f"train.batch_size={t.batch_size} is invalid: must be divisible by the number of "
                               f"processes ({self.dist.world}) x train.grad_accum ({t.grad_accum})")  # fmt: skip
@@ -292,7 +296,7 @@ class Trainer:
         self.config = to_container(cfg)
         check_finished(run_dir, self.config)  # every rank reads it, so all of them stop alike
         resume_from = ckpt.find_resume(run_dir, t.resume)
-        saved = ckpt.load(resume_from) if resume_from else None
+        saved = ckpt.load(resume_from, self.dist) if resume_from else None
         if saved is not None:
             diff = ckpt.config_differences(saved["config"], self.config)
             if diff:
@@ -325,6 +329,7 @@ class Trainer:
         seed_everything(cfg.seed)
         self.model = model = TransformerLM(cfg, self.data.vocab_size).to(self.device)
         self.cost = model_cost(model, cfg)
+        self.parallel.prepare(model)  # activation checkpointing; fsdp/hsdp: shards (the optimizer holds them)
         self.regularizer = REGULARIZERS.build(cfg.regularization)
         self.optimizer = build_optimizer(cfg, model, self.regularizer, self.device)
         self.lr_at = build_schedule(cfg.optim, self.horizon)
@@ -358,14 +363,12 @@ class Trainer:
         if saved is not None:
             self._restore(saved)
 
-        # what runs the step: DDP when there are several processes; with train.compile the forward AND the loss
-        # are compiled as one function (the [tokens, vocab] log-softmax is ~5% of a step; compiling the model
-        # alone left it eager: bench/throughput.py). Probes, checkpoints and evaluation use the plain module.
-        self.step_model: torch.nn.Module = model
-        if self.dist.active:
-            device_ids = [self.device] if self.device.type == "cuda" else None
-            self.step_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-        self.forward_loss = compile_step(self._forward_loss) if t.compile else self._forward_loss
+        # what runs the step: DDP when there are several processes (fsdp/hsdp: the sharded model itself); with
+        # train.compile the forward AND the loss are compiled as one function (the [tokens, vocab] log-softmax is
+        # ~5% of a step; compiling the model alone left it eager: bench/throughput.py; fsdp/hsdp compile each
+        # block instead). Probes, checkpoints and evaluation use the plain module.
+        self.step_model: torch.nn.Module = self.parallel.wrap(model)
+        self.forward_loss = self.parallel.compile_step(self._forward_loss) if t.compile else self._forward_loss
 
         self.tracker = Trackers(LocalRecord(run_dir), TRACKERS.build(cfg.tracking)) if self.dist.main else Tracker()
         self.info = RunInfo(run_dir, self.summary[M.RUN_NAME], cfg.study, run_tags(cfg), self.config,
@@ -378,14 +381,14 @@ class Trainer:
 
     def _restore(self, saved: dict[str, Any]) -> None:
         """The state of the checkpoint we resume from: model, optimizer, detectors, sums, summary, RNG."""
-        self.model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
+        self.parallel.restore(self.model, self.optimizer, saved)  # either layout, into any (lm_ablate/sharding.py)
         self.grad_spikes.load_state_dict(saved["grad_spikes"])
         self.loss_spikes.load_state_dict(saved["loss_spikes"])
         self.meter = M.ThroughputMeter(**saved["meter"])
         self.progress = Progress(**saved["progress"])
         self.progress.resumed_from.append(self.progress.step)
         self.summary = {**saved["summary"], M.RUN_NAME: self.summary[M.RUN_NAME]}
+        self.summary.update({"world_size": self.dist.world, M.PEAK_FLOPS: self.peak})  # this session's (resharded)
         if self.dist.main:
             _trim_metrics(self.run_dir, self.progress.step)
         ckpt.set_rng_state(saved["rng"])
@@ -413,14 +416,14 @@ class Trainer:
         micro = list(zip(x.chunk(t.grad_accum), y.chunk(t.grad_accum)))
         for i, (xm, ym) in enumerate(micro):
             last = i == len(micro) - 1
-            with nullcontext() if last or not self.dist.active else self.step_model.no_sync():
+            with self.parallel.accumulating(self.step_model, last):  # DDP's no_sync, FSDP2's reshard settings
                 with probe.watch(xm, self.autocast):
                     logits, loss, ce, z = self.forward_loss(xm, ym)
                 probe.logits(logits)
                 (loss / len(micro)).backward()
             ce_sum, z_sum = ce_sum + ce.detach(), z_sum + z.detach()
         probe.after_backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.regularizer.grad_clip or math.inf)
+        grad_norm = self.parallel.clip_grad_norm(model, self.regularizer.grad_clip or math.inf)  # global, pre-clip
         ce_value = self.dist.mean(ce_sum / len(micro)).item()
         norm_value = grad_norm.item()
         finite = math.isfinite(ce_value) and math.isfinite(norm_value)
@@ -507,14 +510,13 @@ class Trainer:
         return self.summary
 
     def save_checkpoint(self) -> None:
-        """Everything the next step depends on (rank 0 writes; the others hold the same state)."""
-        if not self.dist.main:
+        """Everything the next step depends on (rank 0 writes; the others hold the same state; fsdp/hsdp: every
+        rank writes its shards and RNG, lm_ablate/dcp.py). Model and optimizer: the strategy's (sharding.py)."""
+        if not (self.dist.main or self.parallel.sharded):
             return
         self.snapshot()
         state = {
             "config": self.config,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "rng": ckpt.rng_state(),
             "grad_spikes": self.grad_spikes.state_dict(),
             "loss_spikes": self.loss_spikes.state_dict(),
@@ -522,10 +524,12 @@ class Trainer:
             "progress": asdict(self.progress),
             "summary": dict(self.summary),
         }
-        ckpt.save(self.run_dir, self.progress.step, state, self.cfg.train.keep_checkpoints)
+        keep = self.cfg.train.keep_checkpoints
+        self.parallel.save_checkpoint(self.run_dir, self.progress.step, self.model, self.optimizer, state, keep)
 
     def finish(self, status: str, stop_reason: str | None) -> dict[str, Any]:
         """The final summary, written by every tracker; the trackers are closed."""
+        self.parallel.close(finished=status != M.STATUS_FAILED)  # a checkpoint still written in the background
         self.snapshot()
         self.summary[M.STATUS] = status
         self.summary[M.STOP_REASON] = stop_reason
@@ -550,8 +554,9 @@ class Trainer:
                 while stop_reason is None:
                     step = p.step + 1
                     # probe the first step too: per-layer gradients at initialization (Xiong et al. 2020)
-                    probing = self.dist.main and t.probe_every > 0 and (step == 1 or step % t.probe_every == 0)
-                    probe = StepProbe(self.model, side_pass=t.compile) if probing else NO_PROBE
+                    due = t.probe_every > 0 and (step == 1 or step % t.probe_every == 0)
+                    probing = due and self.parallel.probes_here()  # rank 0 (fsdp/hsdp: every rank, collectives)
+                    probe = self.parallel.probe(self.model, side_pass=t.compile) if probing else NO_PROBE
                     try:
                         row = self.train_step(step, probe)
                     except RuntimeError as err:

@@ -28,6 +28,7 @@ from lm_ablate.options import check_identity
 from lm_ablate.parametrization import PARAMETRIZATIONS
 from lm_ablate.registry import PLACEMENTS, REGISTRIES, SCHEDULES, TOKENIZERS
 from lm_ablate.schema import Config, head_dim
+from lm_ablate.sharding import check as check_parallel
 
 __all__ = ["ConfigError", "positive", "validate"]
 
@@ -262,6 +263,12 @@ def _train(cfg: DictConfig) -> None:
         raise bad("train.spike.window", t.spike.window, "must be >= 2 (a standard deviation needs two values)")
     if not t.spike.k > 0:
         raise bad("train.spike.k", t.spike.k, "must be > 0")
+    if t.shard_size is not None and t.shard_size < 1:
+        raise bad("train.shard_size", t.shard_size, "must be a positive integer or null (LOCAL_WORLD_SIZE)")
+    if t.ac_every is not None and not 1 <= t.ac_every <= cfg.model.n_layers:
+        raise bad("train.ac_every", t.ac_every, f"must be in [1, model.n_layers={cfg.model.n_layers}] (block i is "
+                  "recomputed iff (i + 1) % ac_every == 0)")  # fmt: skip
+    check_parallel(cfg)  # train.parallel, train.activation_checkpointing (lm_ablate/sharding.py)
 
 
 SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "head_dim")  # what a ladder rung may set, as model.<key>

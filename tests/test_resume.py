@@ -3,6 +3,7 @@ same curve, bit for bit on CPU, with every step recorded exactly once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -328,3 +329,75 @@ def test_checkpoints_load_weights_only(tmp_path, cache_dir):
     state = torch.load(list_checkpoints(tmp_path / "r")[-1], weights_only=True)
     assert state["step"] == 30 and "optimizer" in state and "rng" in state
     assert not any(os.fspath(p).endswith(".tmp") for p in (tmp_path / "r" / "checkpoints").iterdir())
+
+
+# --- under torchrun: FSDP2 over 2 gloo processes, DCP folder checkpoints ------------------------------------
+FSDP_STEPS = 40
+
+
+def fsdp_command(run_dir: Path, cache_dir: str, *extra: str) -> list[str]:
+    """2 CPU processes (gloo), the model sharded (train.parallel=fsdp), a checkpoint every 10 steps."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
+    single = command(run_dir, cache_dir, f"train.max_steps={FSDP_STEPS}", "train.checkpoint_every=10",
+                     "train.eval_every=20", "train.probe_every=10", "train.parallel=fsdp", *extra)  # fmt: skip
+    return [*torchrun, *single[2:]]  # "lm_ablate.train" and its overrides
+
+
+FSDP_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes started below ``pid`` (torchrun's workers run in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+@pytest.fixture(scope="module")
+def fsdp_reference(tmp_path_factory, cache_dir) -> list[dict]:
+    run_dir = tmp_path_factory.mktemp("fsdp_reference")
+    out = subprocess.run(fsdp_command(run_dir, cache_dir), cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=FSDP_ENV)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return rows(run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_kill_9_under_fsdp_then_resume_is_bit_identical(tmp_path, cache_dir, fsdp_reference, mode):
+    """The whole job killed (torchrun and both ranks, SIGKILL: a node lost) mid-run, then the same command: the
+    ranks load their shards of the newest complete folder checkpoint and continue to the uninterrupted curve bit
+    for bit. With train.async_checkpoint the checkpoint being written in the background at the kill is not one:
+    the previous one is the newest, and the resume is just as exact."""
+    run_dir = tmp_path / "run"
+    extra = ["train.async_checkpoint=true"] if mode == "async" else []
+    proc = subprocess.Popen(fsdp_command(run_dir, cache_dir, *extra), cwd=ROOT, env=FSDP_ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    wait_for_rows(proc, run_dir, 25)
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.communicate()
+    killed_at = rows(run_dir)[-1][M.STEP]
+    newest = newest_checkpoint_step(run_dir)
+    assert newest is not None and 0 < newest <= killed_at < FSDP_STEPS
+    assert all(c.is_dir() for c in list_checkpoints(run_dir))  # DCP folders, each complete
+    out = subprocess.run(fsdp_command(run_dir, cache_dir, *extra), cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env=FSDP_ENV)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    resumed = rows(run_dir)
+    assert [r[M.STEP] for r in resumed] == list(range(FSDP_STEPS + 1))
+    assert resumed == fsdp_reference
+    summary = json.loads((run_dir / M.SUMMARY_FILE).read_text())
+    assert summary[M.STATUS] == M.STATUS_COMPLETED and summary[M.RESUMED_FROM] == [newest]
+    assert not list((run_dir / "checkpoints").glob(".*"))  # no partial folder left behind

@@ -92,6 +92,8 @@ BAD: dict[str, list[Any]] = {
     "train.keep_checkpoints": [0],
     "train.spike.window": [1],
     "train.spike.k": [0.0, -6.0],
+    "train.shard_size": [0],
+    "train.ac_every": [0, 5],  # 5 > n_layers 4: no block would be recomputed
     "seed": [-1, 2**64],
     "data.num_proc": [0],
     "data.tokenizer_sample": [0],
