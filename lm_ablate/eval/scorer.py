@@ -141,10 +141,13 @@ def loglikelihoods(
             x, y, scored = x.to(device), y.to(device), scored.to(device)
             with autocast():
                 logits = model(x)
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            token_logp = logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)
-            sums = (token_logp.double() * scored).sum(-1).tolist()  # exact for fp32 terms: order-free
-            greedy = ((logits.argmax(-1) == y) | ~scored).all(-1).tolist()
+            rows_of = scored.nonzero()[:, 0]  # the continuation positions only, row by row
+            picked, targets = logits[scored].float(), y[scored]
+            token_logp = torch.log_softmax(picked, dim=-1).gather(-1, targets[:, None])[:, 0]
+            zeros = torch.zeros(len(batch), dtype=torch.float64, device=x.device)
+            sums = zeros.index_add(0, rows_of, token_logp.double()).tolist()  # exact for fp32 terms: order-free
+            misses = zeros.index_add(0, rows_of, (picked.argmax(-1) != targets).double())
+            greedy = (misses == 0).tolist()
             for r, i in enumerate(batch):
                 out[i] = (sums[r], bool(greedy[r]))
     finally:
