@@ -33,7 +33,7 @@ FOLDER_LIMIT = 1_500_000  # bytes of figures per study
 STUDIES = [
     "norm_2x2", "pre_vs_post_norm", "prepost_map", "rmsnorm_vs_layernorm", "norm_placement", "position",
     "activation", "attention", "regularization", "lr_sensitivity", "parallel_vs_serial", "optimizer",
-    "lr_transfer", "ladder_activation", "ladder_arch",
+    "lr_transfer_base", "lr_transfer", "ladder_activation", "ladder_arch",
 ]  # fmt: skip
 KEPT = ("report.md", "claims.csv", "comparisons.csv", "scaling.csv", "lr_sweep.csv")
 
@@ -42,17 +42,23 @@ def run(studies: list[str], threads: int | None = None) -> int:
     RUNS.mkdir(parents=True, exist_ok=True)
     worst = 0
     for study in studies:
-        started = time.time()
+        started, load_start = time.time(), _load().replace(" ", ",")
         with open(RUNS / f"{study}.log", "a") as log:  # a study run again continues its finished runs' log
             cmd = [sys.executable, "-m", "lm_ablate.study", study, "--out", str(RUNS / study), "tracking=none",
                    "train.progress=false"]  # fmt: skip
             cmd += [f"train.threads={threads}"] if threads else []
             rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        load = " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
         with open(RUNS / "times.txt", "a") as f:
-            f.write(f"{study} rc={rc} seconds={time.time() - started:.0f} threads={threads or 'default'} load={load}\n")
+            f.write(f"{study} rc={rc} seconds={time.time() - started:.0f} threads={threads or 'default'} "
+                    f"load_start={load_start} load={_load()}\n")  # fmt: skip
         worst = max(worst, rc)
     return worst
+
+
+def _load() -> str:
+    """The 1, 5 and 15-minute load averages, space-separated ("?" where /proc/loadavg is missing)."""
+    path = Path("/proc/loadavg")
+    return " ".join(path.read_text().split()[:3]) if path.exists() else "?"
 
 
 def times() -> dict[str, dict[str, str]]:
@@ -184,10 +190,14 @@ def build(studies: list[str]) -> int:
         if s in ready and s in timing:
             t = timing[s]
             exit_note = "" if t.get("rc") == "0" else f" (exit {t.get('rc')})"
+            start = t.get("load_start", "?").replace(",", " ")
             timed.append(f"| {s} | {float(t['seconds']) / 60:.1f} min{exit_note} | {t.get('threads', 'default')} | "
-                         f"{t['load']} |")  # fmt: skip
+                         f"{start} | {t['load']} |")  # fmt: skip
         elif s in kept_times:
-            timed.append(kept_times[s])
+            cells = [c.strip() for c in kept_times[s].strip().strip("|").split("|")]
+            if len(cells) == 4:  # a row written before the load at start was recorded
+                cells.insert(3, "–")
+            timed.append("| " + " | ".join(cells) + " |")
     text = "\n".join(
         [
             "# Results gallery",
@@ -212,10 +222,11 @@ def build(studies: list[str]) -> int:
             "",
             "On the 2-core machine, measured by `scripts/gallery.py run`. `train.threads` 1: two studies ran side by",
             "side, one core each (`--threads 1`); default: one study alone on both cores. Load: the 1, 5 and 15-minute",
-            "load averages when the study ended. A study resumed after an interruption counts only its last part.",
+            "load averages when the study started and when it ended (other people's jobs share the machine: a load",
+            "above 2 means they took cores too). A study resumed after an interruption counts only its last part.",
             "",
-            "| study | wall time | train.threads | load |",
-            "|---|---|---|---|",
+            "| study | wall time | train.threads | load at start | load at end |",
+            "|---|---|---|---|---|",
             *timed,
             "",
         ]

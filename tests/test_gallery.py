@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -33,6 +34,7 @@ def test_run_passes_threads_and_records_time_threads_and_load(gallery, monkeypat
     assert recorded["norm_2x2"]["rc"] == "0" and recorded["position"]["rc"] == "3"
     assert recorded["position"]["threads"] == "1"
     assert len(recorded["position"]["load"].split()) == 3  # the three load averages, spaces kept
+    assert len(recorded["position"]["load_start"].split(",")) == 3  # and when the study started
 
     calls.clear()
     monkeypatch.setattr(gallery.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
@@ -142,9 +144,24 @@ def test_build_of_one_study_keeps_every_other_studys_rows(gallery, committed, mo
     monkeypatch.setattr(gallery, "build_study", rebuilt)
     assert gallery.build(["norm_2x2"]) == 0
     after = (committed / "README.md").read_text()
-    tables = [text[text.index("**37 claims**") :].splitlines() for text in (readme, after)]  # below the intro
+
+    def claims_table(text):  # from the count line to the wall-time section
+        start = re.search(r"^\*\*\d+ claims\*\*", text, re.M).start()
+        return text[start : text.index("## Wall time")].splitlines()
+
+    def counts(line):
+        return {v: int(n) for v, n in re.findall(r"(\w+): (\d+)", line)}
+
+    tables = [claims_table(text) for text in (readme, after)]
     changed = [(a, b) for a, b in zip(*tables) if a != b]
     assert len(tables[0]) == len(tables[1]) and len(changed) == 2
-    assert changed[0][1].startswith("**37 claims**: contradicted: 5, held: 15, inconclusive: 14, mixed: 3.")
+    old = claims.loc[claims["claim_id"] == "rmsnorm_faster", "claim_verdict"].iloc[0]
+    want = counts(changed[0][0])
+    want[old] -= 1
+    want["held"] = want.get("held", 0) + 1
+    assert counts(changed[0][1]) == {v: n for v, n in want.items() if n}
     assert "RMSNorm trains faster" in changed[1][1] and "| **held** |" in changed[1][1]
-    assert "| norm_2x2 | " in after.split("## Wall time")[1]  # its time row kept: no new time was recorded
+    times = after.split("## Wall time")[1]
+    assert "| norm_2x2 | " in times  # its time row kept: no new time was recorded
+    header = next(line for line in times.splitlines() if line.startswith("| study |"))
+    assert all(row.count("|") == header.count("|") for row in times.splitlines() if row.startswith("| "))
