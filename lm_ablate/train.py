@@ -38,9 +38,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from lm_ablate import checkpoint as ckpt
 from lm_ablate import metrics as M
+from lm_ablate import stall
 from lm_ablate.budgets import Forks, train_branches
 from lm_ablate.config import AXES, CONF_DIR, ConfigError, compose_error_message, to_container, validate
 from lm_ablate.data import check_length, check_vocab_key, get_batch, load_data, record_vocabulary, val_batches
+from lm_ablate.data.common import cache_root
+from lm_ablate.data.unigram import data_unigram_loss
 from lm_ablate.distributed import init_distributed
 from lm_ablate.eval import Downstream
 from lm_ablate.ladder import apply_rung, check_budget_keys, set_budget
@@ -343,6 +346,9 @@ class Trainer:
         self.loss_spikes = M.SpikeDetector(t.spike.window, t.spike.k)
         self.meter = M.ThroughputMeter()
         self.progress = Progress()
+        # the data's reference levels, for the stall rule and the analysis's cap (lm_ablate/stall.py)
+        unigram = data_unigram_loss(self.data, cache_root(cfg.data)) if self.dist.main else None
+        self.levels = {M.LOG_VOCAB: math.log(self.data.vocab_size), M.UNIGRAM_LOSS: unigram}
         self.summary: dict[str, Any] = {
             M.STATUS: M.STATUS_RUNNING,
             M.RUN_NAME: name or run_name(cfg),
@@ -352,6 +358,7 @@ class Trainer:
             M.PARAMS_TOTAL: self.cost.params_total,
             M.PARAMS_NON_EMBEDDING: self.cost.params_non_embedding,
             M.VOCAB_SIZE: self.data.vocab_size,
+            **self.levels,
             M.FLOPS_PER_TOKEN: self.cost.flops_per_token,
             M.PEAK_FLOPS: self.peak,
             "world_size": self.dist.world,
@@ -506,7 +513,12 @@ class Trainer:
             M.STEPS: p.step,
             M.TOTAL_TOKENS: p.step * self.tokens_per_step,
             M.WALL_TIME_S: p.wall_time_s,
+            **self.levels,  # a run resumed from a record written before they were kept gets them too
         })  # fmt: skip
+        # [0] is the loss at step 0; a diverged run is diverged, not stalled
+        diverged = self.summary.get(M.DIVERGED_AT) is not None
+        why = None if diverged else stall.reason(p.val_losses[1:], self.levels[M.UNIGRAM_LOSS])
+        self.summary.update({M.STALLED: why is not None, M.STALL_REASON: why, M.STALL_RULE: stall.RULE})
         return self.summary
 
     def save_checkpoint(self) -> None:

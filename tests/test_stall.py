@@ -1,0 +1,108 @@
+"""The data's unigram level (lm_ablate/data/unigram.py) and the stall rule (lm_ablate/stall.py), and that the loop
+records both in summary.json (issue 23.2)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from lm_ablate import metrics as M
+from lm_ablate import stall
+from lm_ablate.config import compose
+from lm_ablate.data import TokenShards, load_data
+from lm_ablate.data import unigram as U
+from lm_ablate.data.common import TokenData
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def brute_unigram(train: list[int], val: list[int], vocab: int) -> float:
+    """Add-one smoothed unigram cross-entropy, written out token by token."""
+    seen = Counter(train)
+    total = 0.0
+    for token in val:
+        total -= math.log((seen[token] + 1) / (len(train) + vocab))
+    return total / len(val)
+
+
+def test_unigram_loss_against_a_token_by_token_count(monkeypatch):
+    rng = np.random.default_rng(0)
+    train = rng.zipf(1.5, size=5000) % 40  # skewed, and id 39 may never occur
+    train = train[train != 7]  # an id seen only in validation: smoothing keeps it finite
+    val = np.concatenate([rng.zipf(1.5, size=700) % 40, [7, 7, 39]])
+    want = brute_unigram(train.tolist(), val.tolist(), 50)
+    monkeypatch.setattr(U, "CHUNK", 333)  # several chunks per split
+    shards = TokenShards([train[:1234].astype(np.uint16), train[1234:].astype(np.uint16)])
+    assert U.unigram_loss(shards, val.astype(np.uint16), 50) == pytest.approx(want, rel=1e-12)
+    assert U.unigram_loss(train, val, 50) == pytest.approx(want, rel=1e-12)
+    # a uniform stream over the whole vocabulary is at ln V
+    flat = np.tile(np.arange(16), 100)
+    assert U.unigram_loss(flat, flat, 16) == pytest.approx(math.log(16), rel=1e-3)
+
+
+def test_unigram_loss_is_cached_per_data_key(tmp_path, monkeypatch):
+    data = TokenData(np.array([0, 1, 1, 2]), np.array([1, 2]), 4, None, "k1")
+    first = U.data_unigram_loss(data, tmp_path)
+    assert first == pytest.approx(brute_unigram([0, 1, 1, 2], [1, 2], 4))
+    record = json.loads((tmp_path / "unigram" / "k1.json").read_text())
+    assert record["smoothing"] == "add-one" and record["vocab_size"] == 4
+    monkeypatch.setattr(U, "unigram_loss", lambda *a: pytest.fail("counted again"))
+    assert U.data_unigram_loss(data, tmp_path) == first
+
+
+def test_bundled_corpus_unigram_level(cache_dir):
+    """DESIGN.md: 3.31 nats/byte for the Shakespeare validation split."""
+    data = load_data(compose([f"data.cache_dir={cache_dir}"]).data)
+    assert U.unigram_loss(data.train, data.val, data.vocab_size) == pytest.approx(3.31, abs=0.005)
+
+
+@pytest.mark.parametrize(
+    ("losses", "unigram", "expected"),
+    [
+        ([3.9, 3.32, 3.30], 3.31, stall.UNIGRAM),  # on the plateau
+        ([3.9, 3.40, 3.25], 3.31, stall.UNIGRAM),  # 1.8% below it: still within the 2% margin
+        ([3.9, 3.0, 3.22], 3.31, None),  # 2.7% below: left it
+        ([4.6, 4.59, 4.58], 3.31, stall.UNIGRAM),  # above the plateau
+        ([2.90, 2.88], 3.31, stall.FLAT),  # fell 0.7%: a plateau elsewhere
+        ([2.90, 2.85], 3.31, None),  # fell 1.7%
+        ([2.90, 2.88], None, stall.FLAT),  # without the unigram level the flat rule still applies
+        ([3.30], None, None),  # one evaluation and no level: cannot tell
+        ([3.30], 3.31, stall.UNIGRAM),
+        ([2.9, 2.5, math.nan], 3.31, None),  # the last loss is not finite: diverged, not stalled
+        ([math.nan, 2.90, 2.89], 3.31, stall.FLAT),  # a non-finite loss before the last is left out
+        ([], 3.31, None),
+    ],
+)
+def test_stall_rule(losses, unigram, expected):
+    assert stall.reason(losses, unigram) == expected
+
+
+def test_stall_rule_from_a_logged_curve():
+    """after_init drops step 0 and the rows without an evaluation (NaN in a history table), in step order."""
+    steps = [20, 0, 10, 5, 15]
+    losses = [2.5, 5.5, 3.0, math.nan, 2.9]
+    assert stall.after_init(steps, losses) == [3.0, 2.9, 2.5]
+
+
+def test_summary_records_levels_and_the_stall_flag(tmp_path, cache_dir):
+    from lm_ablate.train import train
+
+    cfg = compose(["debug=smoke", f"data.cache_dir={cache_dir}", "train.max_steps=4", "train.eval_every=2"])
+    summary = train(cfg, tmp_path / "run")
+    on_disk = json.loads((tmp_path / "run" / M.SUMMARY_FILE).read_text())
+    data = load_data(cfg.data)
+    assert on_disk[M.UNIGRAM_LOSS] == pytest.approx(U.unigram_loss(data.train, data.val, 256), rel=1e-12)
+    assert on_disk[M.LOG_VOCAB] == pytest.approx(math.log(256))
+    rows = [json.loads(line) for line in (tmp_path / "run" / M.METRICS_FILE).read_text().splitlines()]
+    val = stall.after_init(
+        [r[M.STEP] for r in rows if M.VAL_LOSS in r], [r[M.VAL_LOSS] for r in rows if M.VAL_LOSS in r]
+    )
+    assert len(val) == 2
+    why = stall.reason(val, on_disk[M.UNIGRAM_LOSS])
+    assert on_disk[M.STALLED] is (why is not None) and on_disk[M.STALL_REASON] == why
+    assert why == stall.UNIGRAM  # 4 steps of a tiny model: nowhere near below the unigram level
+    assert on_disk[M.STALL_RULE] == stall.RULE and summary[M.STALLED] is True
