@@ -61,7 +61,10 @@ def load_run(run_dir: str | Path, step: int | None = None) -> Run:
     path = checkpoint_path(run_dir, step)
     state = ckpt.load(path)
     cfg = config_of(state["config"])
-    weights = state["model"]
+    if "dcp" in state:  # a folder checkpoint of an fsdp / hsdp run: its shards, read whole by DCP
+        weights = dcp_model_state(state["dcp"], cfg)
+    else:
+        weights = state["model"]
     model = TransformerLM(cfg, int(weights["embed.weight"].shape[0]))
     try:
         model.load_state_dict(weights)
@@ -72,6 +75,21 @@ def load_run(run_dir: str | Path, step: int | None = None) -> Run:
         ) from None
     model.to(torch.float32).eval()
     return Run(model, cfg, int(state["step"]), path)
+
+
+def dcp_model_state(folder: str, cfg: DictConfig) -> dict[str, Any]:
+    """The whole model state of a DCP folder checkpoint (lm_ablate/dcp.py), loaded in this one process."""
+    import torch.distributed.checkpoint as dcp
+
+    from lm_ablate.model import TransformerLM
+
+    template = TransformerLM(cfg, int(cfg.model.vocab_size)).state_dict()
+    try:
+        dcp.load({"model": template}, checkpoint_id=str(folder), no_dist=True)
+    except Exception as e:
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)[:200]
+        raise ConfigError(f"RUN_DIR checkpoint {folder!r} is invalid: DCP could not read its model ({first})") from None
+    return template
 
 
 def run_tokenizer(cfg: DictConfig) -> Any:
