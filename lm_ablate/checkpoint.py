@@ -166,7 +166,7 @@ def _unreadable(err: Exception) -> str:
     codes and suggests ``weights_only=False``, which is exactly what must not be done with an unknown file."""
     text = str(err)
     if "Weights only load failed" in text:
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", text)
         if found:
             return (
                 f"it would import {found.group(1)} while unpickling, and a checkpoint may hold only tensors and "
@@ -289,13 +289,15 @@ def manifest(folder: Path, names: list[str]) -> dict[str, list[int]]:
     return {name: [(folder / name).stat().st_size, crc32(folder / name)] for name in names}
 
 
-def _weights_only(path: Path, what: str, data: bytes | None = None) -> Any:
+def _weights_only(folder: Path, what: str, path: Path, data: bytes | None = None) -> Any:
+    """``path`` (or ``data``, a slice of it) loaded with torch.load(weights_only=True); one line naming
+    ``folder`` if it is not plain data."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return torch.load(io.BytesIO(data) if data is not None else path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise _refused(path.parent if data is None else path, f"unreadable {what}: {_unreadable(err)}") from None
+        raise _refused(folder, f"unreadable {what}: {_unreadable(err)}") from None
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -351,7 +353,7 @@ def check_dcp_items(folder: Path, metadata: Any) -> None:
         if isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
             with open(folder / name, "rb") as f:
                 f.seek(info.offset)
-                _weights_only(folder / name, f"item {index.fqn} of {name}", f.read(info.length))
+                _weights_only(folder, f"item {index.fqn} of {name}", folder / name, f.read(info.length))
 
 
 def load_folder(folder: Path, dist: Any = None) -> dict[str, Any]:
@@ -362,7 +364,7 @@ def load_folder(folder: Path, dist: Any = None) -> dict[str, Any]:
     state_path = folder / STATE_FILE
     if not state_path.is_file():
         raise _refused(folder, f"not a checkpoint: no {STATE_FILE} in this folder")
-    state = _weights_only(state_path, STATE_FILE)
+    state = _weights_only(folder, STATE_FILE, state_path)
     if not isinstance(state, dict) or state.get("format") != FORMAT or "sharded" not in state:
         raise _refused(folder, f"not an lm-ablate folder checkpoint of format {FORMAT}")
     files: dict[str, list[int]] = state["sharded"]["files"]
@@ -390,7 +392,7 @@ def load_folder(folder: Path, dist: Any = None) -> dict[str, Any]:
         raise _refused(folder, f"damaged checkpoint: DCP reads {missing[0]}, which its manifest does not list")
     check_dcp_items(folder, metadata)
     own = folder / rank_file(rank)
-    state["rng"] = _weights_only(own if own.is_file() else folder / rank_file(0), "RNG state")
+    state["rng"] = _weights_only(folder, "RNG state", own if own.is_file() else folder / rank_file(0))
     state["dcp"] = str(folder)
     return state
 

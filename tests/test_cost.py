@@ -52,3 +52,35 @@ def test_a_hand_given_model_vocab_size_is_one_line(capsys):
     assert main(["model=tiny", "model.vocab_size=300"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("lm-ablate: error: model.vocab_size=300 is invalid: set by the run")
+
+
+def test_per_rank_memory_for_a_parallel_choice_and_world_size(capsys):
+    """``--world N`` (an argument, not a config key) with the arm's train.parallel: the memory estimate per rank
+    (lm_ablate.perf.memory_estimate with the exact parameter count), states divided by the shard degree under
+    fsdp/hsdp; ``world=8`` as if it were an override is one line saying so."""
+    from lm_ablate.perf import memory_estimate
+
+    arm = ["ladder=gpu", "ladder.rung=5", "data=tokens", "data.vocab_size=50257"]
+    assert main([*arm, "train.parallel=fsdp", "--world", "8"]) == 0
+    out = capsys.readouterr().out
+    cfg = compose([*arm, "train.parallel=fsdp"])
+    params = arm_cost(cfg, 50257).params_total
+    est = memory_estimate(cfg, 50257, "cuda", 8, params=params)
+    gib = lambda n: f"{n / 2**30:,.2f} GiB"
+    assert f"memory per rank   {gib(est.total)} on cuda, estimated (train.parallel=fsdp, 8 ranks, each copy " \
+           "sharded over 8)\n" in out  # fmt: skip
+    assert (
+        f"  states          {gib(16 * params / 8)}  (weights, gradients, AdamW moments: 16 B x {params:,} / 8)" in out
+    )
+    assert main([*arm, "--world", "8"]) == 0  # ddp: every rank holds all of it
+    assert f"  states          {gib(16 * params)}  (" in capsys.readouterr().out
+    assert main([*arm, "train.parallel=hsdp", "--world", "16"]) == 0  # shard size: --gpus-per-node (8)
+    assert "16 ranks, each copy sharded over 8)" in capsys.readouterr().out
+    assert main([*arm, "train.parallel=fsdp", "world=8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["lm-ablate: error: world=8 is invalid: world is not a config key; the number of ranks is an "
+                   "argument of this command: --world 8"]  # fmt: skip
+    assert main([*arm, "train.parallel=hsdp", "train.shard_size=3", "--world", "8"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "lm-ablate: error: train.shard_size=3 is invalid: must divide the number of processes (8)"
+    )
