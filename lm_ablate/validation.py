@@ -56,7 +56,18 @@ def validate(cfg: DictConfig | Config) -> None:
     for key, value in _floats(cfg):
         if not math.isfinite(value):
             raise bad(key, value, "must be a finite number")
-    for check in (_model, _norm, _position, _activation, _attention, _regularization, _optim, _train, check_ladder):
+    for check in (
+        _model,
+        _norm,
+        _position,
+        _activation,
+        _attention,
+        _regularization,
+        _optim,
+        _train,
+        _eval,
+        check_ladder,
+    ):
         check(cfg)
     check_identity(cfg)  # a name its keys contradict (MQA with 2 K/V heads, ...)
     if not 0 <= cfg.seed < 2**64:
@@ -278,6 +289,17 @@ PARAM_COUNTS = ("non_embedding", "total")  # ladder.params: the N a budget is a 
 # ladder.fit: the scaling fit forms (analysis/compute/scaling_forms.py); auto = chosen by held-out error
 FIT_FORMS = ("auto", "per_arm", "shared_e", "shared_e_alpha", "nd_per_arm", "nd_shared_e", "nd_shared_exponents")
 MIN_RUNGS = 3  # a fit of L(C) = E + A C^-alpha has 3 parameters; a held-out check (largest rung left out) needs 4
+
+
+def _eval(cfg: DictConfig) -> None:
+    """The eval group's numbers (the tasks themselves are checked where they are read: lm_ablate/eval/tasks.py)."""
+    e = cfg.eval
+    if e.every is not None and e.every < 1:
+        raise bad("eval.every", e.every, "a positive number of steps, or null (only at the end)")
+    if e.max_examples is not None and e.max_examples < 1:
+        raise bad("eval.max_examples", e.max_examples, "a positive number of examples per task, or null")
+    if e.batch_tokens < 1:
+        raise bad("eval.batch_tokens", e.batch_tokens, "a positive number of tokens per forward pass")
 
 
 def check_ladder(cfg: Any) -> None:

@@ -40,6 +40,8 @@ BAD: dict[str, list[Any]] = {
     "model.parallel_norms": [0, 3],
     "model.embed_dim": [0, -1],
     "model.mup_base_width": [0],
+    "model.mup_output_mult": [0.0, -1.0],
+    "model.mup_attn_mult": [0.0],
     "norm.eps": [0.0, -1e-5],
     "norm.deepnorm_alpha": [0.0],
     "norm.deepnorm_beta": [-1.0],
@@ -100,6 +102,10 @@ BAD: dict[str, list[Any]] = {
     "data.max_tokens": [0],
     "ladder.rung": [-1, 3],
     "ladder.tokens_per_param": [0.0, -20.0],
+    "ladder.budget": [0.0, 3.0],  # 3 is not one of ladder.budgets [1, 2] (set below)
+    "eval.every": [0],
+    "eval.max_examples": [0],
+    "eval.batch_tokens": [0],
 }
 # other keys a case needs so that its own check is reached
 LADDER = {"ladder.rungs": [{"d_model": 16, "n_layers": 1, "n_heads": 2}] * 3}  # with ladder=cpu (base_for)
@@ -107,6 +113,9 @@ WITH: dict[str, dict[str, Any]] = {
     "attention.global_every": {"attention.window": 8},
     "ladder.rung": LADDER,
     "ladder.tokens_per_param": LADDER,
+    "ladder.budget": LADDER | {"ladder.budgets": [1.0, 2.0]},
+    "model.mup_output_mult": {"model.mup_base_width": 32},
+    "model.mup_attn_mult": {"model.mup_base_width": 32},
 }
 
 # numeric keys whose domain depends on the data source or tokenizer, so lm_ablate/data.py checks them where the

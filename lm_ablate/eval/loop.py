@@ -46,10 +46,6 @@ class Downstream:
         self.tasks: list[tuple[str, list[Encoded]]] = []
         if not e.tasks:
             return
-        if e.every is not None and e.every < 1:
-            raise bad("eval.every", e.every, "a positive number of steps, or null (only at the end)")
-        if e.batch_tokens < 1:
-            raise bad("eval.batch_tokens", e.batch_tokens, "a positive number of tokens per forward pass")
         check_embedded(cfg)
         from lm_ablate.data.pretokenized import IdsTokenizer
 
