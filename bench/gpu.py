@@ -27,6 +27,17 @@ count, checked) x tokens/s / the measured bf16 matmul peak (``lm_ablate.perf.mea
 ``perf/mfu`` denominator); peak memory = ``torch.cuda.max_memory_allocated`` over the candidate's life; compile
 time = first step minus a warm step (cold only on a machine's first run: inductor caches compiled code on disk).
 Target: lm-ablate compiled >= 40% MFU on an H100/H200-class GPU.
+
+Second table (``--parallel-shapes``, default ``large,1b`` on CUDA): the loop's own strategies
+(lm_ablate/sharding.py) over a process group of one rank (NCCL; gloo on CPU): ``ddp`` (DDP, bf16 autocast),
+``fsdp`` (FSDP2 per block and root, bf16 MixedPrecisionPolicy) and ``fsdp + full AC`` (every block recomputed in
+backward), eager, the default architecture at ``model=large`` and at the GPU ladder's 1B rung (``ladder=gpu
+ladder.rung=5``: d 2048, 20 layers, 16 heads, context 1024), ``--parallel-batch`` sequences per step. Each row:
+tokens/s, MFU, peak memory and lm_ablate.perf.memory_estimate's figure for it (the number ``python -m
+lm_ablate.cost`` prints). Over one rank FSDP shards nothing: what it saves against DDP is DDP's gradient buckets
+and autocast's cached bf16 weights; activation checkpointing saves the activations. ``--memory-cap-gib C`` caps
+the process (``torch.cuda.set_per_process_memory_fraction``) as a C-GiB GPU would, and a candidate that runs out
+says so: the 1B target is a cap at which DDP does not fit and fsdp (+ AC) does.
 """
 
 from __future__ import annotations
@@ -176,6 +187,150 @@ def measure(name: str, a: argparse.Namespace, device: torch.device, x, y) -> dic
     return out
 
 
+PARALLEL = ("ddp", "fsdp", "fsdp + full AC")
+SHAPES = {"tiny": ["model=tiny"], "large": ["model=large"], "1b": ["ladder=gpu", "ladder.rung=5"]}
+
+
+def parallel_step(strategy, step_model, model, optimizer, regularizer, x, y) -> tuple[float, float]:
+    """The loop's step (lm_ablate.train.Trainer.train_step without its bookkeeping), through the strategy."""
+    optimizer.zero_grad(set_to_none=True)
+    with strategy.autocast()():
+        logits = step_model(x)
+    loss = regularizer.loss(logits, y)[0]
+    loss.backward()
+    norm = strategy.clip_grad_norm(model, regularizer.grad_clip)
+    values = loss.item(), norm.item()
+    optimizer.step()
+    return values
+
+
+def measure_parallel(shape: str, kind: str, a: argparse.Namespace, device: torch.device) -> dict:
+    """One row of the second table; ``oom`` set when the candidate does not fit (under --memory-cap-gib)."""
+    from lm_ablate.catalog import load_all
+    from lm_ablate.config import compose
+    from lm_ablate.distributed import Dist
+    from lm_ablate.model import TransformerLM, model_cost
+    from lm_ablate.perf import memory_estimate
+    from lm_ablate.registry import REGULARIZERS
+    from lm_ablate.sharding import DDP, FSDP
+    from lm_ablate.train import build_optimizer
+
+    load_all()
+    overrides = [*SHAPES[shape], "tracking=none", f"train.batch_size={a.parallel_batch}"]
+    overrides += ["train.parallel=" + ("ddp" if kind == "ddp" else "fsdp")]
+    if kind.endswith("AC"):
+        overrides.append("train.activation_checkpointing=full")
+    cfg = compose(overrides)
+    context = cfg.model.context
+    out: dict = {"shape": shape, "name": kind, "context": context, "oom": None}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    gen = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(0, a.vocab, (a.parallel_batch, context), generator=gen).to(device) for _ in range(2))
+    strategy = (DDP if kind == "ddp" else FSDP)(cfg, Dist(), device)
+    regularizer = REGULARIZERS.build(cfg.regularization)
+    model = optimizer = step_model = None
+    try:
+        torch.manual_seed(0)
+        model = TransformerLM(cfg, a.vocab).to(device).train()
+        cost = model_cost(model, cfg)
+        out["flops_per_token"], out["params"] = cost.flops_per_token, cost.params_total
+        layout = "fsdp" if strategy.sharded else "one process"
+        out["estimate_gib"] = (
+            memory_estimate(cfg, a.vocab, device.type, 1, shard=1, params=cost.params_total, parallel=layout).total
+            / 2**30
+        )
+        strategy.prepare(model)
+        optimizer = build_optimizer(cfg, model, regularizer, device)
+        step_model = strategy.wrap(model)
+        for _ in range(max(1, a.warmup)):
+            parallel_step(strategy, step_model, model, optimizer, regularizer, x, y)
+        seconds = []
+        for _ in range(a.rounds):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            tic = time.perf_counter()
+            for _ in range(a.parallel_steps):
+                parallel_step(strategy, step_model, model, optimizer, regularizer, x, y)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds.append((time.perf_counter() - tic) / a.parallel_steps)
+        out["step_s"] = median(seconds)
+        out["rounds_tok_s"] = [x.numel() / s for s in seconds]
+    except torch.OutOfMemoryError:
+        out["oom"] = "does not fit (out of memory" + (
+            f" at the {a.memory_cap_gib:g} GiB cap)" if a.memory_cap_gib else ")"
+        )
+    out["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    model = optimizer = step_model = strategy = None  # freed before the next candidate
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    shown = f"{out['step_s'] * 1e3:.1f} ms/step" if out["oom"] is None else out["oom"]
+    memory = f", peak {out['peak_gib']:.2f} GiB" if out["peak_gib"] is not None else ""
+    print(f"   {shape} {kind}: {shown}{memory}", flush=True)
+    return out
+
+
+def parallel_report(rows: list[dict], peak: float) -> str:
+    heads = ["shape", "candidate", "tokens/s", "ms/step", "MFU", "peak mem (GiB)", "estimate (GiB)", "notes"]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "|".join("---" for _ in heads) + "|"]
+    for r in rows:
+        estimate = f"{r['estimate_gib']:.2f}" if r.get("estimate_gib") is not None else "-"
+        memory = f"{r['peak_gib']:.2f}" if r["peak_gib"] is not None else "n/a (CPU)"
+        if r["oom"] is not None:
+            cells = [r["shape"], r["name"], "-", "-", "-", memory, estimate, r["oom"]]
+        else:
+            rate = r["rounds_tok_s"] and median(r["rounds_tok_s"])
+            cells = [r["shape"], r["name"], f"{rate:,.0f}", f"{r['step_s'] * 1e3:.1f}",
+                     f"{100 * r['flops_per_token'] * rate / peak:.1f}%", memory, estimate,
+                     f"{r['params'] / 1e6:,.0f}M params; tokens/s per round {spread(r['rounds_tok_s'])}"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parallel_section(a: argparse.Namespace, device: torch.device, peak: float) -> tuple[str, str] | None:
+    """The second table over a one-rank process group, and its RESULT line."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    shapes = [s for s in a.parallel_shapes.split(",") if s]
+    if not shapes:
+        return None
+    if device.type == "cuda" and a.memory_cap_gib:
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        torch.cuda.set_per_process_memory_fraction(min(1.0, a.memory_cap_gib / total), device)
+    with tempfile.TemporaryDirectory() as tmp:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.FileStore(f"{tmp}/store", 1), rank=0, world_size=1)
+        try:
+            rows = [measure_parallel(shape, kind, a, device) for shape in shapes for kind in PARALLEL]
+        finally:
+            dist.destroy_process_group()
+    if device.type == "cuda" and a.memory_cap_gib:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+    table = parallel_report(rows, peak)
+    last = {r["name"]: r for r in rows if r["shape"] == shapes[-1]}
+    fits = lambda name: last[name]["oom"] is None
+    line = f"RESULT gpu parallel ({shapes[-1]}, batch {a.parallel_batch}, {device.type}"
+    line += f", cap {a.memory_cap_gib:g} GiB): " if a.memory_cap_gib else "): "
+
+    def ran(name: str) -> str:
+        if not fits(name):
+            return "out of memory"
+        return f"peak {last[name]['peak_gib']:.2f} GiB" if last[name]["peak_gib"] is not None else "ran"
+
+    line += ", ".join(f"{n} {ran(n)}" for n in PARALLEL)
+    if a.memory_cap_gib:
+        yes = not fits("ddp") and (fits("fsdp") or fits("fsdp + full AC"))
+        line += f"; fits where DDP does not: {'yes' if yes else 'no'}"
+    elif all(fits(n) and last[n]["peak_gib"] is not None for n in PARALLEL):
+        saved = last["ddp"]["peak_gib"] - min(last[n]["peak_gib"] for n in PARALLEL[1:])
+        line += f"; fsdp fits in {saved:.2f} GiB less than ddp needs"
+    return table, line
+
+
 def report(results: dict[str, dict], skipped: dict[str, str], flops: float, peak: float, tokens: int) -> str:
     """One markdown table, a row per candidate in ``CANDIDATES`` order (skipped ones say why)."""
     base = results.get("transformers eager")
@@ -226,6 +381,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-hf", dest="hf", action="store_false", help="leave transformers out")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
     p.add_argument("--out", type=Path, default=None, help="also write the setting, table and RESULT line there (.md)")
+    p.add_argument(
+        "--parallel-shapes",
+        default=None,
+        help="shapes of the ddp/fsdp table, of: tiny, large, 1b (default: large,1b on CUDA, none on CPU)",
+    )
+    p.add_argument("--parallel-batch", type=int, default=None, help="sequences per step there (default 8; CPU 2)")
+    p.add_argument("--parallel-steps", type=int, default=5, help="timed steps per round there")
+    p.add_argument("--memory-cap-gib", type=float, default=None, help="cap the process at this much GPU memory "
+                   "for the ddp/fsdp table (a smaller GPU)")  # fmt: skip
     a = p.parse_args(argv)
     if a.out is not None and not a.out.parent.is_dir():
         print(f"bench/gpu.py: --out {a.out}: no folder {a.out.parent}", file=sys.stderr)
@@ -241,6 +405,14 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     cuda = device.type == "cuda"
     a.batch = a.batch or (16 if cuda else 2)
+    a.parallel_batch = a.parallel_batch or (8 if cuda else 2)
+    if a.parallel_shapes is None:
+        a.parallel_shapes = "large,1b" if cuda else ""
+    unknown = [s for s in a.parallel_shapes.split(",") if s and s not in SHAPES]
+    if unknown:
+        print(f"bench/gpu.py: --parallel-shapes {a.parallel_shapes}: unknown {unknown} (allowed: {', '.join(SHAPES)})",
+              file=sys.stderr)  # fmt: skip
+        return 2
     from lm_ablate.perf import measured_peak_flops
 
     header(f"bench/gpu.py: train-step tokens/s, MFU and memory, model={a.model} (arch=gpt2) vs GPT2LMHeadModel")
@@ -295,9 +467,14 @@ def main(argv: list[str] | None = None) -> int:
     if "transformers eager" in results:
         line += f", {results['transformers eager']['step_s'] / ours['step_s']:.2f}x transformers eager"
     print(line)
+    section = parallel_section(a, device, peak)
+    if section is not None:
+        print(f"\n{section[0]}\n\n{section[1]}")
     if a.out is not None:
         title = f"# bench/gpu.py: model={a.model} (arch=gpt2) vs GPT2LMHeadModel, {precision}, {device.type}"
         body = [title, "", *(f"- {s}" for s in setting), f"- {shape}", "", table, "", line, ""]
+        if section is not None:
+            body += ["## ddp vs fsdp over one rank", "", section[0], "", section[1], ""]
         a.out.write_text("\n".join(body))
         print(f"   written: {a.out}")
     return 0

@@ -121,7 +121,13 @@ def checkpointed_blocks(t, n_layers: int) -> int:
 
 
 def memory_estimate(
-    cfg, vocab_size: int, device_type: str, world: int = 1, shard: int | None = None, params: int | None = None
+    cfg,
+    vocab_size: int,
+    device_type: str,
+    world: int = 1,
+    shard: int | None = None,
+    params: int | None = None,
+    parallel: str | None = None,
 ) -> MemoryEstimate:
     """Estimated peak memory of one training step on one rank of ``world``: parameters with gradients and
     optimizer state (16 B/param; sharded over ``shard`` ranks under fsdp/hsdp, default: all of them for fsdp,
@@ -130,12 +136,13 @@ def memory_estimate(
     root's embedding and head whole), the activations of one micro-batch (Korthikanti et al. 2022, above; a
     checkpointed block keeps only its input, and one block is live again while recomputed), and the fp32 logits
     with their log-softmax and gradient (3 x B x T x vocab x 4 bytes). ``params`` = the exact count (lm_ablate.cost);
-    else ~12 L d^2 + 2 V d. DDP's gradient buckets (4 B/param) and autocast's bf16 weight copies are not
-    counted."""
+    else ~12 L d^2 + 2 V d. ``parallel`` forces the layout (bench/gpu.py: fsdp over one rank). DDP's gradient
+    buckets (4 B/param) and autocast's bf16 weight copies are not counted."""
     from lm_ablate.distributed import shard_degree
 
     m, t = cfg.model, cfg.train
-    parallel = getattr(t, "parallel", "ddp") if world > 1 else "one process"
+    if parallel is None:
+        parallel = getattr(t, "parallel", "ddp") if world > 1 else "one process"
     if shard is None:
         shard = shard_degree(parallel, getattr(t, "shard_size", None), world)
     b = max(1, t.batch_size // (world * t.grad_accum))

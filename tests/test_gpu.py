@@ -408,6 +408,118 @@ def test_ddp_over_a_one_rank_process_group_is_exact(tmp_path, deterministic):
         assert torch.equal(p, q)
 
 
+# ------------------------------------------------------------------------------------------- FSDP2 (sharding)
+
+
+@on_device
+def test_fsdp_on_every_device_matches_ddp(tmp_path, cache_dir):
+    """The real loop under ``torchrun --standalone`` on every visible GPU with train.parallel=fsdp (NCCL, FSDP2's
+    bf16 mixed-precision policy) against the same command with ddp (bf16 autocast): the same curve within the bf16
+    tolerance (2% per step; fp32 and 1e-5 on 2 CPU processes). One GPU: torchrun starts one process, which does
+    not shard; the next test shards over a one-rank group instead."""
+    n = torch.cuda.device_count() if CUDA else 2
+    if n < 2:
+        pytest.skip("one GPU: test_fsdp_over_one_rank_follows_ddp shards over a one-rank group instead")
+    common = ["debug=smoke", "train.max_steps=12", f"train.batch_size={4 * n}", "train.probe_every=4",
+              "train.threads=1", "train.peak_flops=1e12", f"train.device={DEVICE}", f"data.cache_dir={cache_dir}"]  # fmt: skip
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "-m"]
+    for name in ("ddp", "fsdp"):
+        out = subprocess.run(
+            [*launch, "lm_ablate.train", *common, f"train.parallel={name}", f"hydra.run.dir={tmp_path / name}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+    for key in (M.TRAIN_LOSS, M.GRAD_NORM, M.VAL_LOSS):
+        assert_curves_match(curve(tmp_path / "fsdp", key), curve(tmp_path / "ddp", key))
+    assert all(c.is_dir() for c in list_checkpoints(tmp_path / "fsdp"))  # DCP folders
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A process group of one rank on the device (NCCL on CUDA, gloo on CPU): the loop's strategies run as they do
+    under torchrun."""
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if CUDA else "gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)  # fmt: skip
+    try:
+        yield torch.device("cuda", torch.cuda.current_device()) if CUDA else torch.device("cpu")
+    finally:
+        dist.destroy_process_group()
+
+
+def strategy_curve(kind, device, cache_dir, steps, *, folder=None, save_at=None, resume=None, extra=()):
+    """``steps`` of the loop's step through a strategy of lm_ablate/sharding.py (``kind``: ddp | fsdp | plain) on
+    real batches; optionally a folder checkpoint at ``save_at`` into ``folder``, or a start from ``resume``.
+    Returns the train losses."""
+    from lm_ablate.data import get_batch, load_data
+    from lm_ablate.distributed import Dist
+    from lm_ablate.sharding import DDP, FSDP, OneProcess
+    from lm_ablate.train import build_optimizer
+
+    cfg = compose(["debug=smoke", "train.batch_size=16", f"train.parallel={'fsdp' if kind == 'fsdp' else 'ddp'}",
+                   f"data.cache_dir={cache_dir}", *extra])  # fmt: skip
+    data = load_data(cfg.data)
+    strategy = {"ddp": DDP, "fsdp": FSDP, "plain": OneProcess}[kind](cfg, Dist(), device)
+    if kind == "plain":
+        strategy.autocast = lambda: nullcontext  # fp32: no autocast
+    reg = REGULARIZERS.build(cfg.regularization)
+    torch.manual_seed(0)
+    model = TransformerLM(cfg, data.vocab_size).to(device)
+    strategy.prepare(model)
+    opt = build_optimizer(cfg, model, reg, device)
+    first = 1
+    if resume is not None:
+        saved = __import__("lm_ablate.checkpoint", fromlist=["load"]).load(resume)
+        strategy.restore(model, opt, saved)
+        first = saved["step"] + 1
+    step_model = strategy.wrap(model)
+    losses = []
+    for step in range(first, steps + 1):
+        x, y = (t.to(device) for t in get_batch(data.train, 16, cfg.model.context, cfg.seed, step))
+        opt.zero_grad(set_to_none=True)
+        with strategy.autocast()():
+            logits = step_model(x)
+        loss = reg.loss(logits, y)[0]
+        loss.backward()
+        strategy.clip_grad_norm(model, reg.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+        if step == save_at:
+            from lm_ablate.checkpoint import rng_state
+
+            state = {"config": {"train": {}}, "rng": rng_state(), "progress": {}}
+            strategy.save_checkpoint(folder, step, model, opt, state, keep=1)
+    return losses
+
+
+@on_device
+def test_fsdp_over_one_rank_follows_ddp_and_resumes_bit_identically(tmp_path, cache_dir, one_rank, deterministic):
+    """Sharding over one rank (the one-GPU case of bench/gpu.py): the loop's FSDP strategy (bf16 policy on CUDA)
+    follows its DDP strategy (bf16 autocast) within the bf16 tolerance over 20 steps (fp32 on CPU: 1e-5); a folder
+    checkpoint written at step 10 on the device resumes there bit for bit."""
+    ddp = strategy_curve("ddp", one_rank, cache_dir, 20)
+    fsdp = strategy_curve("fsdp", one_rank, cache_dir, 20, folder=tmp_path / "run", save_at=10)
+    assert_curves_match(fsdp, ddp)
+    (folder,) = list_checkpoints(tmp_path / "run")
+    resumed = strategy_curve("fsdp", one_rank, cache_dir, 20, resume=folder)
+    assert resumed == fsdp[10:]
+
+
+@on_device
+@_cuda_only
+def test_bf16_mixed_precision_policy_tracks_the_fp32_curve(cache_dir, one_rank):
+    """FSDP2's policy (bf16 parameters for compute, fp32 gradient reduction), 100 steps on the GPU, against the same
+    model in fp32 (no autocast, no policy) on the GPU: the tolerance of test_bf16_autocast_tracks_the_fp32_curve
+    (every loss within 0.05, 0.01 on average), and the policy must move the curve by more than 1e-4 somewhere."""
+    policy = strategy_curve("fsdp", one_rank, cache_dir, 100)
+    fp32 = strategy_curve("plain", one_rank, cache_dir, 100)
+    diff = [abs(x - y) for x, y in zip(policy, fp32)]
+    assert len(diff) == 100
+    assert max(diff) <= 0.05 and statistics.mean(diff) <= 0.01, (max(diff), statistics.mean(diff))
+    assert max(diff) > 1e-4  # the policy changed the computation
+
+
 # -------------------------------------------------------------------------------- bench/gpu.py (CPU, not gpu)
 
 
@@ -439,3 +551,21 @@ def test_gpu_benchmark_prints_its_table_on_cpu(capsys, one_thread, tmp_path):
         assert tokens_s == pytest.approx(2 * 32 / (ms / 1e3), rel=0.01)  # batch 2 x context 32
     assert cells["transformers eager"][3] == "1.000x"
     assert [line for line in out.splitlines() if line.startswith("RESULT gpu (tiny, fp32, cpu)")]
+
+
+def test_gpu_benchmark_parallel_table_on_cpu(capsys, one_thread):
+    """bench/gpu.py's second table (the loop's ddp and fsdp strategies over a one-rank gloo group) on the CPU: one
+    row per strategy, tokens/s consistent with ms/step (batch 2 x context 32), and the memory estimate printed."""
+    spec = importlib.util.spec_from_file_location("bench_gpu_parallel", ROOT / "bench" / "gpu.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = ["--device", "cpu", "--model", "tiny", "--batch", "2", "--steps", "1", "--rounds", "1", "--warmup", "1",
+            "--no-compile", "--no-hf", "--parallel-shapes", "tiny", "--parallel-steps", "1"]  # fmt: skip
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    rows = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith("| tiny | ")]
+    assert [r[1] for r in rows] == list(bench.PARALLEL)
+    for r in rows:
+        assert float(r[2].replace(",", "")) == pytest.approx(2 * 32 / (float(r[3]) / 1e3), rel=0.01)
+        assert float(r[6]) > 0  # lm_ablate.perf.memory_estimate's figure
+    assert "RESULT gpu parallel (tiny, batch 2, cpu): ddp ran, fsdp ran, fsdp + full AC ran" in out
