@@ -15,6 +15,18 @@ the run records. One claim::
         metric: final_val_loss               # see METRICS
         expect: higher                       # lower | higher | equal (then margin: the equivalence margin)
 
+A claim on a downstream task (the ``eval`` group, docs/evaluation.md) names it with ``metric: downstream`` and
+two more fields, both required there and refused elsewhere: ``task`` (a task name of the runs' ``eval.tasks``)
+and ``kind`` (acc | acc_norm | bpb)::
+
+        metric: downstream                   # each completed run's downstream/<task>/<kind> (summary.json)
+        task: shakespeare_order
+        kind: acc                            # acc, acc_norm: higher is better; bpb: lower is better
+        expect: lower                        # the claim's own direction, as for any metric
+
+It is compared run by run like ``final_val_loss`` (paired by seed), at each side's best LR when the LR varies
+and the context does not pin it, and stalled seeds make it inconclusive, as below.
+
 The analysis (``analysis/claims.py``) computes ``metric(arm) - metric(baseline)`` (or ``arm / baseline`` for a
 ratio metric) with its 95% and 90% intervals in every context of the other varied axes that ``context`` allows
 and decides each: **held** (lower: the 95% interval lies below the null value; higher: above it; equal: the
@@ -22,6 +34,16 @@ and decides each: **held** (lower: the 95% interval lies below the null value; h
 band is [1/(1 + margin), 1 + margin]), **contradicted** (lower: the 95% interval lies above the null; higher:
 below it; equal: the 95% interval lies entirely outside the band), **inconclusive** otherwise, **untested** when the runs hold no value for the arm or the
 baseline there. The null value is 0 for a difference and 1 for a ratio.
+
+Fair verdicts (issue 23): when the runs vary ``optim.lr`` and the claim's ``context`` does not pin it, each side
+is taken at its own best LR in each context (the LR with the lowest mean final validation loss over its completed
+seeds) and the claim is decided there: best against best, not at a shared LR. A claim about a fixed regime ("post-LN
+without warmup at a high LR") says so by pinning the keys in its ``context``
+(``context: {optim.lr: 1.0e-2, optim.warmup_steps: 0}``) and is decided at that setting. When a side has stalled
+seeds (lm_ablate/stall.py) among the runs it is decided on, the verdict is **inconclusive** ("k of n seeds
+stalled") unless the metric is about failing to train (``MetricSpec.failures``: capped_val_loss, lr_sensitivity,
+best_lr_spread) or the claim says it is (``counts_failures: true``: "post-norm trains worse, or not at all", on
+any metric), where a stalled run is a data point.
 
 This module is the schema and its checks: :func:`parse_claims` (fields, types, names; called by
 :func:`lm_ablate.config.validate` for every run) and :func:`check_claims_against_arms` (the claim refers to keys
@@ -40,34 +62,50 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lm_ablate import metrics as M
 from lm_ablate.errors import bad
 
 LOWER, HIGHER, EQUAL = "lower", "higher", "equal"
 DIRECTIONS = (LOWER, HIGHER, EQUAL)
 LR_KEY = "optim.lr"
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
-FIELDS = ("id", "source", "statement", "axis", "arm", "baseline", "context", "metric", "expect", "margin", "at")
+FIELDS = (
+    "id", "source", "statement", "axis", "arm", "baseline", "context", "metric", "expect", "margin", "at", "task",
+    "kind", "counts_failures",
+)  # fmt: skip
 REQUIRED = ("id", "source", "statement", "axis", "arm", "baseline", "metric", "expect")
+METRIC_FIELDS = ("task", "kind")  # fields only a metric that needs them takes (MetricSpec.needs)
+TASK_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")  # as lm_ablate/eval/tasks.py allows a task name
 
 
 @dataclass(frozen=True)
 class MetricSpec:
     """What a claim metric compares. ``ratio``: compared as arm / baseline (null 1, tested on logs) rather than
     arm - baseline (null 0). ``pools``: config keys the metric aggregates over, so they are not a context (LR
-    sensitivity is one number per LR grid). ``at``: what the claim's ``at`` field means for it, if anything."""
+    sensitivity is one number per LR grid). ``at``: what the claim's ``at`` field means for it, if anything.
+    ``failures``: the metric is about runs that fail to train (a stalled or diverged run is a data point of it,
+    scored at the cap), so stalled seeds do not make its verdict inconclusive. ``at_best_lr``: the metric pools
+    the LR and takes each side at its own best LR (every metric that does not pool the LR is decided so too
+    when the runs vary it and the claim's context does not pin it; analysis/compute/claims.py). ``needs``: the
+    claim fields of METRIC_FIELDS the metric requires (``downstream``: task and kind); no other metric takes them."""
 
     what: str
     ratio: bool = False
     pools: tuple[str, ...] = ()
     at: str = ""
+    failures: bool = False
+    at_best_lr: bool = False
+    needs: tuple[str, ...] = ()
 
 
 METRICS: dict[str, MetricSpec] = {
     "final_val_loss": MetricSpec("final validation loss of completed runs (nats/token)"),
     "best_val_loss": MetricSpec("lowest validation loss of completed runs"),
     "capped_val_loss": MetricSpec(
-        "final validation loss capped at the run's loss at step 0; a diverged run counts as its step-0 loss "
-        "(the per-run quantity of LR sensitivity: a run that fails to train scores as untrained)"
+        "final validation loss capped at ln V (the uniform prediction's loss over the run's vocabulary); a "
+        "diverged run counts as ln V (the per-run quantity of LR sensitivity: a run that fails to train scores "
+        "as untrained); a run without its vocabulary recorded is capped at its step-0 loss",
+        failures=True,
     ),
     "val_loss_at_context": MetricSpec(
         "validation loss at k times the training context (val/loss@<k>x)", at="k (default 4)"
@@ -90,25 +128,35 @@ METRICS: dict[str, MetricSpec] = {
         ratio=True,
     ),
     "lr_sensitivity": MetricSpec(
-        "LR sensitivity E_lr[min(loss(lr), loss_init) - loss*] over the arm's LR grid (Wortsman et al. 2023), "
+        "LR sensitivity E_lr[min(loss(lr), ln V) - loss*] over the arm's LR grid (Wortsman et al. 2023), "
         "computed per seed",
         pools=(LR_KEY,),
+        failures=True,
     ),
     "final_val_loss_at_best_lr": MetricSpec(
         "final validation loss of each side at its own best LR (the LR of its grid with the lowest mean over "
         "seeds; analysis/best_lr.py): arms tuned alike (Wen et al. 2025)",
         pools=(LR_KEY, "choices.lr_mult"),
+        at_best_lr=True,
     ),
     "best_lr_spread": MetricSpec(
         "how far the best LR moves across model widths: max / min over model.d_model of the LR with the lowest "
         "mean capped loss, as a ratio arm / baseline (bootstrap over seeds)",
         ratio=True,
         pools=(LR_KEY, "model.d_model"),
+        failures=True,
     ),
     "widest_val_loss_at_best_lr": MetricSpec(
         "final validation loss at the widest model.d_model the runs have, each side at its own best LR there (the "
         "LR with the lowest mean over completed seeds), arm - baseline: mu-transferred vs tuned at full width",
         pools=(LR_KEY, "model.d_model"),
+        at_best_lr=True,
+    ),
+    "downstream": MetricSpec(
+        "a downstream task's score at the run's last evaluation, downstream/<task>/<kind> in summary.json "
+        "(completed runs; acc and acc_norm: fraction right, higher is better; bpb: bits per byte of the gold "
+        "continuation, lower is better)",
+        needs=("task", "kind"),
     ),
     "compute_multiplier": MetricSpec(
         "compute multiplier CM = L_base^-1(L_arm(C)) / C of a scaling study (> 1: the arm needs less compute)",
@@ -132,10 +180,21 @@ class Claim:
     context: tuple[tuple[str, Any], ...] = ()
     margin: float | None = None
     at: Any = None
+    task: str | None = None  # metric downstream: the task and the kind it scores
+    kind: str | None = None
+    # the claim is about failing to train ("... worse, or not at all"): stalled seeds are data points of it, as
+    # for a metric about failures (MetricSpec.failures), instead of making it inconclusive
+    counts_failures: bool = False
 
     @property
     def spec(self) -> MetricSpec:
         return METRICS[self.metric]
+
+    @property
+    def metric_name(self) -> str:
+        """The metric as tables name it: the recorded ``downstream/<task>/<kind>`` for a downstream claim, else
+        ``metric``."""
+        return M.downstream(self.task, self.kind) if self.task is not None and self.kind is not None else self.metric
 
     @property
     def null(self) -> float:
@@ -152,7 +211,17 @@ class Claim:
             out["margin"] = self.margin
         if self.at is not None:
             out["at"] = self.at
+        for name in METRIC_FIELDS:
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.counts_failures:
+            out["counts_failures"] = True
         return out
+
+    @property
+    def stalls_are_data(self) -> bool:
+        """Stalled seeds are data points of this claim (its metric or the claim itself is about failing to train)."""
+        return self.spec.failures or self.counts_failures
 
 
 def _where(index: int, raw: Any) -> str:
@@ -223,10 +292,40 @@ def parse_claim(index: int, raw: Any) -> Claim:
     at = _scalar(where, "at", raw.get("at"))
     if at is not None and not METRICS[metric].at:
         raise bad(f"{where}.at", at, f"{metric} takes no 'at'")
+    task, kind = _metric_fields(where, raw, metric)
+    counts_failures = raw.get("counts_failures", False)
+    if not isinstance(counts_failures, bool):
+        raise bad(f"{where}.counts_failures", counts_failures, "must be true or false (stalled seeds are data points "
+                  "of a claim about failing to train)")  # fmt: skip
     return Claim(
         id=cid, source=_text(where, raw, "source"), statement=_text(where, raw, "statement"), axis=axis, arm=arm,
-        baseline=baseline, metric=metric, expect=expect, context=tuple(pairs), margin=margin, at=at,
+        baseline=baseline, metric=metric, expect=expect, context=tuple(pairs), margin=margin, at=at, task=task,
+        kind=kind, counts_failures=counts_failures,
     )  # fmt: skip
+
+
+_FIELD_HINT = {"task": "a name of eval.tasks, e.g. task: shakespeare_order",
+               "kind": "allowed kinds: " + ", ".join(M.DOWNSTREAM_KINDS)}  # fmt: skip
+
+
+def _metric_fields(where: str, raw: Mapping[str, Any], metric: str) -> tuple[str | None, str | None]:
+    """(task, kind) of a claim: required by a metric whose ``needs`` names them (``downstream``), refused by any
+    other; the task a name as eval.tasks spells it, the kind one of lm_ablate.metrics.DOWNSTREAM_KINDS."""
+    needs = METRICS[metric].needs
+    for name in METRIC_FIELDS:
+        if name in needs and raw.get(name) is None:
+            raise bad(f"{where}.{name}", None, f"metric {metric} needs a {name} ({_FIELD_HINT[name]})")
+        if name not in needs and name in raw:
+            takers = ", ".join(m for m, spec in METRICS.items() if name in spec.needs)
+            raise bad(f"{where}.{name}", raw[name], f"only metric {takers} takes a {name}")
+    if not needs:
+        return None, None
+    task, kind = raw["task"], raw["kind"]
+    if not isinstance(task, str) or not TASK_PATTERN.match(task):
+        raise bad(f"{where}.task", task, "must be a task name of eval.tasks (letters, digits, '_', '-', '.')")
+    if kind not in M.DOWNSTREAM_KINDS:
+        raise bad(f"{where}.kind", kind, "allowed kinds: " + ", ".join(M.DOWNSTREAM_KINDS))
+    return task, kind
 
 
 def parse_claims(raw: Any) -> list[Claim]:
@@ -335,6 +434,21 @@ def check_claims_against_arms(claims: Sequence[Claim], arms: Sequence[Mapping[st
                 raise bad(
                     f"{where}.{name}", value, f"no arm of this sweep has {claim.axis}={spelled(value)} with {where_ctx}"
                 )
+        if claim.task is not None:
+            tasks = _distinct(t for a in arms for t in task_names(a.get("eval.tasks")))
+            if claim.task not in tasks:
+                raise bad(
+                    f"{where}.task",
+                    claim.task,
+                    f"no arm of this sweep evaluates it; eval.tasks: {_show(tasks) or 'none'}",
+                )
+
+
+def task_names(tasks: Any) -> list[str]:
+    """The names in an arm's ``eval.tasks`` (a list of task mappings; None or anything else: none)."""
+    if not isinstance(tasks, (list, tuple)):
+        return []
+    return [str(t["name"]) for t in tasks if isinstance(t, Mapping) and t.get("name") is not None]
 
 
 def _distinct(values: Iterable[Any]) -> list[Any]:

@@ -282,22 +282,25 @@ def test_lr_sensitivity_is_computed_per_seed_over_the_grid():
 def test_contexts_filters_and_mixed():
     """A claim applies in every context its filter allows (one result each); contexts may disagree."""
     specs = []
-    for lr, (pre, post) in {
-        1e-3: ([2.5, 2.6, 2.55], [2.4, 2.45, 2.42]),
-        1e-2: ([2.5, 2.6, 2.55], [3.3, 3.4, 3.35]),
+    for layers, (pre, post) in {
+        2: ([2.5, 2.6, 2.55], [2.4, 2.45, 2.42]),
+        4: ([2.5, 2.6, 2.55], [3.3, 3.4, 3.35]),
     }.items():
-        specs += [(("pre", lr), s, {M.FINAL_VAL_LOSS: v}) for s, v in enumerate(pre)]
-        specs += [(("post", lr), s, {M.FINAL_VAL_LOSS: v}) for s, v in enumerate(post)]
-    rs = runset(specs, ("optim.lr",))
+        specs += [(("pre", layers), s, {M.FINAL_VAL_LOSS: v}) for s, v in enumerate(pre)]
+        specs += [(("post", layers), s, {M.FINAL_VAL_LOSS: v}) for s, v in enumerate(post)]
+    rs = runset(specs, ("model.n_layers",))
     cs = evaluate_claims(rs, [claim(expect="lower")])
-    assert [(r.context, r.verdict) for r in cs.results] == [("optim.lr=0.001", HELD), ("optim.lr=0.01", CONTRADICTED)]
+    assert [(r.context, r.verdict) for r in cs.results] == [
+        ("model.n_layers=2", HELD),
+        ("model.n_layers=4", CONTRADICTED),
+    ]
     assert cs.verdict("c") == MIXED
-    only = evaluate_claims(rs, [claim(expect="lower", context={"optim.lr": 1e-3})])
-    assert [(r.context, r.verdict) for r in only.results] == [("optim.lr=0.001", HELD)]
+    only = evaluate_claims(rs, [claim(expect="lower", context={"model.n_layers": 2})])
+    assert [(r.context, r.verdict) for r in only.results] == [("model.n_layers=2", HELD)]
     assert only.verdict("c") == HELD
     row = annotate_comparisons(compare_runs(rs, by=["norm.placement"]).table, cs)
     marked = row[row["claim_verdicts"] != ""][["context", "arm", "claim_verdicts"]].values.tolist()
-    assert marked == [["optim.lr=0.001", "post", "c:held"], ["optim.lr=0.01", "post", "c:contradicted"]]
+    assert marked == [["model.n_layers=2", "post", "c:held"], ["model.n_layers=4", "post", "c:contradicted"]]
 
 
 def test_untested_claims_say_why():
@@ -318,15 +321,15 @@ def test_finding_counts_verdicts_per_context():
     """One sentence per claim: the verdict the tested contexts share, with the count when contexts differ."""
     from analysis.present.sections.claims import claim_finding
 
-    specs = [(("pre", lr), s, {M.FINAL_VAL_LOSS: v}) for lr in (1e-3, 1e-2) for s, v in enumerate([2.5, 2.6, 2.55])]
-    specs += [(("post", 1e-3), s, {M.FINAL_VAL_LOSS: v}) for s, v in enumerate([2.4, 2.45, 2.42])]
-    specs += [(("post", 1e-2), s, {M.FINAL_VAL_LOSS: math.nan, "status": M.STATUS_DIVERGED}) for s in range(3)]
+    specs = [(("pre", n), s, {M.FINAL_VAL_LOSS: v}) for n in (2, 4) for s, v in enumerate([2.5, 2.6, 2.55])]
+    specs += [(("post", 2), s, {M.FINAL_VAL_LOSS: v}) for s, v in enumerate([2.4, 2.45, 2.42])]
+    specs += [(("post", 4), s, {M.FINAL_VAL_LOSS: math.nan, "status": M.STATUS_DIVERGED}) for s in range(3)]
     c = claim(expect="lower", statement="Post is better.", source="Liu et al. 2020, Understanding")
-    cs = evaluate_claims(runset(specs, ("optim.lr",)), [c])
+    cs = evaluate_claims(runset(specs, ("model.n_layers",)), [c])
     assert cs.verdict("c") == HELD
     assert claim_finding(cs, c) == (
         "Held (held in 1, untested in 1 of 2 contexts): Post is better (Liu et al. 2020); final val loss, "
-        "post − pre: -0.1267 [-0.1892, -0.0642] at optim.lr=0.001 (held)."
+        "post − pre: -0.1267 [-0.1892, -0.0642] at model.n_layers=2 (held)."
     )
 
 
@@ -531,7 +534,11 @@ def write_run(run_dir: Path, cfg: dict, summary: dict, val: list[tuple[int, floa
 
 CLAIMS = [
     {"id": "post_worse", "source": "Xiong et al. 2020, On Layer Normalization", "statement": "Post-LN is worse.",
-     "axis": "norm.placement", "arm": "post", "baseline": "pre", "metric": "final_val_loss", "expect": "higher"},
+     "axis": "norm.placement", "arm": "post", "baseline": "pre", "metric": "capped_val_loss", "expect": "higher",
+     "context": {"optim.lr": 1e-2}},
+    {"id": "post_loss_worse", "source": "Xiong et al. 2020, On Layer Normalization",
+     "statement": "Post-LN reaches a higher loss.", "axis": "norm.placement", "arm": "post", "baseline": "pre",
+     "metric": "final_val_loss", "expect": "higher", "context": {"optim.lr": 1e-2}},
     {"id": "post_slower", "source": "Nobody 2021", "statement": "Post-LN is slower.", "axis": "norm.placement",
      "arm": "post", "baseline": "pre", "metric": "tokens_per_sec", "expect": "lower"},
 ]  # fmt: skip
@@ -548,7 +555,7 @@ def map_sweep(root: Path, finals: dict[tuple[str, int, float], list[float]], tps
             val = [(0, 5.5), (50, 3.31 if stalled else final + 0.2), (100, final)]
             summary = {M.STATUS: M.STATUS_COMPLETED, M.SEED: seed, M.FINAL_VAL_LOSS: final,
                        M.BEST_VAL_LOSS: final, M.MEAN_TOKENS_PER_SEC: tps[placement][seed], M.STEPS: 100,
-                       M.GRAD_NORM_SPIKES: 0, M.LOSS_SPIKES: 0}  # fmt: skip
+                       M.GRAD_NORM_SPIKES: 0, M.LOSS_SPIKES: 0, M.VOCAB_SIZE: 256}  # fmt: skip
             write_run(root / str(job), cfg, summary, val, tps[placement][seed])
             job += 1
     return root
@@ -577,21 +584,34 @@ def test_report_leads_with_claims_and_findings_and_writes_the_verdicts(grid, tmp
     assert summary.lstrip().startswith("### Findings")
     findings = summary.split("### Findings", 1)[1].split("### Runs", 1)[0]
     assert (
-        "Mixed (held in 1, inconclusive in 3 of 4 contexts): Post-LN is worse (Xiong et al. 2020); final val "
-        "loss, post − pre: +0.0267 [-0.1387, +0.1921] at model.n_layers=2, optim.lr=0.001 (inconclusive); "
-    ) in findings
-    assert "+0.7500 [+0.6258, +0.8742] at model.n_layers=4, optim.lr=0.01 (held)." in findings
+        "Mixed (held in 1, inconclusive in 1 of 2 contexts): Post-LN is worse (Xiong et al. 2020); final val "
+        "loss capped at ln V (diverged = ln V), post − pre: +0.0267 [-0.1387, +0.1921] at model.n_layers=2, "
+        "optim.lr=0.01 (inconclusive); +0.7500 [+0.6258, +0.8742] at model.n_layers=4, optim.lr=0.01 (held)."
+    ) in findings  # capped loss is about failing to train: the stalled seeds are its data
     assert (
-        "Largest effect: norm.placement = post vs pre (model.n_layers=4, optim.lr=0.01): final val loss Δ +0.7500"
-        in findings
-    )
+        "+0.7500 [+0.6258, +0.8742] at model.n_layers=4, optim.lr=0.01 (inconclusive: 3 of 3 seeds of post "
+        "stalled)." in findings
+    )  # the same runs on final val loss: stalled seeds are no data points of an effect
+    assert "Largest effect" not in findings  # the only interval excluding 0 has stalled seeds: not an effect
     assert "Warning: tokens/s varies by more than 1.5x between the runs of 4 arm(s)" in summary
     claims = pd.read_csv(tmp_path / "claims.csv")
     worse = claims[claims["claim_id"] == "post_worse"].set_index("context")["verdict"].to_dict()
     assert worse["model.n_layers=4, optim.lr=0.01"] == "held" and set(worse.values()) == {"held", "inconclusive"}
+    loss = claims[claims["claim_id"] == "post_loss_worse"].set_index("context").loc["model.n_layers=4, optim.lr=0.01"]
+    assert (loss["verdict"], loss["why"], loss["arm_stalled"], loss["arm_seeds"]) == (
+        "inconclusive",
+        "stalled_seeds",
+        3,
+        3,
+    )
     assert set(claims["claim_verdict"]) == {"mixed", "inconclusive"}
     slower = claims[claims["claim_id"] == "post_slower"]
     assert (slower["notes"] == "speed_unsteady").all()
+    # speed is not pinned to an LR: each side at its own best LR per depth (here 1e-3, the grid's low edge)
+    assert list(slower["context"]) == ["model.n_layers=2", "model.n_layers=4"]
+    assert (slower["arm_lr"] == 1e-3).all() and slower["arm_lr_at_edge"].all() and (slower["baseline_lr"] == 1e-3).all()
+    assert "post at LR 0.001 ⚠ grid edge (grid 0.001 0.01)" in md
+    assert "post seeds: 3.3000 (stalled), 3.3000 (stalled), 3.3000 (stalled); pre seeds: 2.5000, 2.5500" in md
     comparisons = pd.read_csv(tmp_path / "comparisons.csv", keep_default_na=False)
     assert "post_worse:held" in set(comparisons["claim_verdicts"].str.split(" ").explode())
     html = (tmp_path / "report.html").read_text()
@@ -600,7 +620,7 @@ def test_report_leads_with_claims_and_findings_and_writes_the_verdicts(grid, tmp
 
 
 def test_heatmap_marks_stalled_runs_and_renders(grid):
-    from analysis.present.figures.heatmap import grid_axes, heatmap_figures, stalled
+    from analysis.present.figures.heatmap import grid_axes, heatmap_figures
     from analysis.sources.load import load_runs
 
     rs = load_runs([grid])
@@ -610,7 +630,7 @@ def test_heatmap_marks_stalled_runs_and_renders(grid):
     (fig,) = heatmap_figures(rs, comp)
     assert fig.png.startswith(b"\x89PNG") and "stalled" in fig.caption
     assert fig.title == "norm.placement: final validation loss, arm − baseline, by model.n_layers × optim.lr"
-    stall = {r for r in rs.configs if stalled(rs.history[r])}
+    stall = set(rs.runs.loc[rs.runs[M.STALLED], "run_id"])
     expected = {r for r, c in rs.configs.items() if c["norm.placement"] == "post" and c["model.n_layers"] == 4
                 and c["optim.lr"] == 1e-2}  # fmt: skip
     assert stall == expected and len(stall) == 3

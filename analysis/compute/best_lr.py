@@ -15,17 +15,23 @@ Caveat, said in the report: the best LR is picked on the same runs its loss is r
 at its best is biased low by the pick (the minimum of noisy means), more so for a finer grid or noisier runs.
 Equal grid sizes make the bias alike across arms; ``best_at_edge`` flags an arm whose optimum may lie outside
 its grid (then its loss at best is an upper bound on its tuned loss).
+
+:func:`best_lr_of` is the same choice for any set of runs (one side of a claim in one context): every claim about
+quality is decided at each side's own best LR this way (analysis/compute/claims.py) unless its ``context`` pins
+the LR.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from analysis.compute.compare import LRSweep, compare_to_baseline, lr_sweep
+from analysis.compute.compare import LR_KEY, LRSweep, capped_loss, compare_to_baseline, lr_sweep, pick_best_lr
 from analysis.sources.load import AnalysisError, RunSet
 from analysis.sources.values import launch_order, override_text
 from lm_ablate import metrics as M
@@ -40,6 +46,54 @@ class BestLRComparison:
     baseline: str
     table: pd.DataFrame
     sweep: LRSweep
+
+
+@dataclass(frozen=True)
+class BestLR:
+    """The LR a set of runs is best at: ``lr`` (NaN when none has a number), ``at_edge`` (the smallest or largest
+    of a grid of more than one), the ``grid``, the ``mean`` final val loss there and the runs there (any status)."""
+
+    lr: float
+    at_edge: bool
+    grid: tuple[float, ...]
+    mean: float
+    run_ids: tuple[str, ...]
+
+
+def best_lr_of(rs: RunSet, run_ids: Sequence[str], key: str = LR_KEY) -> BestLR:
+    """Where ``run_ids`` (one arm's runs, any LRs) are best: the LR with the lowest mean final val loss over its
+    completed runs (:func:`analysis.compute.compare.pick_best_lr`, the LR table's rule). When no LR has a
+    completed run, the lowest mean capped loss decides (every run diverged: the smallest LR, all at the cap)."""
+    rows = rs.runs.set_index("run_id", drop=False)
+    by_lr: dict[float, list[str]] = {}
+    for r in run_ids:
+        try:
+            lr = float(rs.configs[r][key])
+        except (KeyError, TypeError, ValueError):
+            continue
+        by_lr.setdefault(lr, []).append(r)
+    grid = tuple(sorted(by_lr))
+
+    def mean_of(ids: list[str], completed_only: bool) -> float:
+        values = []
+        for r in ids:
+            row = rows.loc[r]
+            if completed_only:
+                final = pd.to_numeric(row.get(M.FINAL_VAL_LOSS), errors="coerce")
+                if row.get(M.STATUS) == M.STATUS_COMPLETED and final is not None and math.isfinite(final):
+                    values.append(float(final))
+            elif row.get(M.STATUS) in (M.STATUS_COMPLETED, M.STATUS_DIVERGED):
+                values.append(capped_loss(row))
+        values = [v for v in values if math.isfinite(v)]
+        return float(np.mean(values)) if values else math.nan
+
+    means = {lr: mean_of(ids, True) for lr, ids in by_lr.items()}
+    lr, at_edge = pick_best_lr(means)
+    if not math.isfinite(lr):
+        lr, at_edge = pick_best_lr({g: mean_of(ids, False) for g, ids in by_lr.items()})
+    if not math.isfinite(lr):
+        return BestLR(math.nan, False, grid, math.nan, ())
+    return BestLR(lr, at_edge, grid, means[lr], tuple(by_lr[lr]))
 
 
 def compare_at_best_lr(
@@ -64,6 +118,7 @@ def compare_at_best_lr(
             "best_lr": best.loc[context, "best_lr"],
             "best_at_edge": bool(best.loc[context, "best_at_edge"]),
             "lr_grid": best.loc[context, "lr_grid"],
+            "n_stalled_at_best": best.loc[context, "n_stalled_at_best"],
         }
         for key in ("mean", "ci_low", "ci_high", "n"):
             row[f"{M.FINAL_VAL_LOSS}_{key}"] = best.loc[context, f"{M.FINAL_VAL_LOSS}_{key}"]

@@ -19,6 +19,17 @@ both arms ran when they share two, else Welch's; here at 95% and at 90%), then
     untested  the runs hold no value of the metric for the arm or the baseline there (a one-seed arm has a
               value but no interval: inconclusive).
 
+Fair verdicts (issue 23). **Each side at its own best LR**: when ``optim.lr`` varies among a claim's runs and
+its ``context`` does not pin it (nor ``lr_mult``), and the metric does not pool the LR itself (LR sensitivity,
+best-LR spread, compute multiplier), the LR is no context: in each context of the other axes, each side is
+taken at its own best LR (:func:`analysis.compute.best_lr.best_lr_of`: lowest mean final val loss over its
+completed seeds) and the metric compares those runs, paired by seed where both have them. The result records
+which LR won for each side and whether it sits at an edge of that side's grid. **Stalls**: when the runs a
+side is decided on hold stalled seeds (completed runs on the unigram plateau or flat, lm_ablate/stall.py, as
+analysis.sources.load judges them), the verdict is ``inconclusive`` with ``why`` = ``stalled_seeds`` and the
+counts (k of n) per side, unless the metric or the claim is about failing to train (``Claim.stalls_are_data``). The effect
+carries each seed's value (``arm_points``), so a bimodal cell is shown seed by seed, not as a mean alone.
+
 A claim evaluated in several contexts has one verdict per context and, as a whole, the verdict they share,
 or ``mixed``. Each metric is one function in :data:`METRIC_FUNCTIONS` (names: lm_ablate.claim_spec.METRICS)
 taking a :class:`Selection` (the runs of the arm and of the baseline in one context) and returning an
@@ -40,8 +51,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.compute.compare import ALL_RUNS, LR_KEY, Axis, ComparisonSet, compare_to_baseline, find_axes
-from analysis.sources.load import EXTRAPOLATION_KEY, FIRST_PROBE_PREFIX, INIT_VAL_LOSS, MAX_ATTN_LOGIT_ALL, RunSet
+from analysis.compute.best_lr import BestLR, best_lr_of
+from analysis.compute.compare import (
+    ALL_RUNS,
+    LR_KEY,
+    Axis,
+    ComparisonSet,
+    capped_loss,
+    compare_to_baseline,
+    find_axes,
+    is_stalled,
+)
+from analysis.sources.load import EXTRAPOLATION_KEY, FIRST_PROBE_PREFIX, MAX_ATTN_LOGIT_ALL, RunSet
 from analysis.sources.values import override_text, value_order
 from lm_ablate import metrics as M
 from lm_ablate.claim_spec import EQUAL, HIGHER, LOWER, Claim, parse_claims, resolve_key, same_value
@@ -61,6 +82,8 @@ WHY_NO_INTERVAL = "no_interval"  # values on both sides but too few for an inter
 WHY_NO_SCALING = "no_scaling_study"  # compute_multiplier without a scaling study in the runs
 WHY_NOT_SCALING_BASELINE = "baseline_not_scaling_baseline"  # CM is against the scaling study's baseline only
 WHY_NO_MULTIPLIER = "no_multiplier"  # the scaling study has no multiplier for the arm at `at`
+WHY_STALLED = "stalled_seeds"  # a side has stalled seeds where it is decided: inconclusive (k of n per side)
+LR_MULT_KEY = "choices.lr_mult"  # the LR as a multiple of the optimizer's reference (conf/lr_mult/)
 NOTE_SPEED_UNSTEADY = "speed_unsteady"  # tokens/s of the runs used varies > SPEED_SPREAD_LIMIT within an arm
 NOTE_GRIDS_DIFFER = "lr_grids_differ"  # lr_sensitivity: arm and baseline ran different LR grids
 NOTE_SEEDS_LEFT_OUT = "seeds_without_full_grid"  # lr_sensitivity: a seed that missed an LR of its arm's grid
@@ -88,6 +111,8 @@ class Effect:
     arm_value: float
     baseline_value: float
     notes: tuple[str, ...] = ()
+    arm_points: tuple[tuple[str, Any, float], ...] = ()  # (run id, seed, value) of each run compared
+    baseline_points: tuple[tuple[str, Any, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,8 +126,13 @@ class ClaimResult:
     why: str = ""  # a WHY_* code when untested, or inconclusive for lack of an interval
     axis: str = ""  # the compared axis as the report labels it (for comparisons.csv)
     arm_label: str = ""  # the arm's value as the comparison table writes it
-    arm_runs: tuple[str, ...] = ()
+    arm_runs: tuple[str, ...] = ()  # the runs each side is decided on (at its best LR when the LR was chosen)
     baseline_runs: tuple[str, ...] = ()
+    arm_lr: BestLR | None = None  # the LR each side was taken at, when it was chosen per side
+    baseline_lr: BestLR | None = None
+    arm_stalled: tuple[int, int] = (0, 0)  # (stalled, runs) among arm_runs
+    baseline_stalled: tuple[int, int] = (0, 0)
+    stalled_runs: tuple[str, ...] = ()  # the stalled runs among arm_runs and baseline_runs
 
 
 @dataclass
@@ -127,7 +157,7 @@ class ClaimSet:
             row: dict[str, Any] = {
                 "claim_id": c.id, "source": c.source, "statement": c.statement, "axis": c.axis,
                 "arm": override_text(c.arm), "baseline": override_text(c.baseline),
-                "context_filter": ", ".join(f"{k}={override_text(v)}" for k, v in c.context), "metric": c.metric,
+                "context_filter": ", ".join(f"{k}={override_text(v)}" for k, v in c.context), "metric": c.metric_name,
                 "expect": c.expect, "margin": c.margin if c.margin is not None else math.nan,
                 "at": "" if c.at is None else override_text(c.at), "context": r.context, "verdict": r.verdict,
                 "claim_verdict": self.verdict(c.id), "null": c.null, "why": r.why,
@@ -138,6 +168,14 @@ class ClaimSet:
                 row[name] = getattr(e, name) if e else 0
             row.update(test=e.test if e else "", notes=" ".join(e.notes) if e else "",
                        arm_runs=" ".join(r.arm_runs), baseline_runs=" ".join(r.baseline_runs))  # fmt: skip
+            for side, best in (("arm", r.arm_lr), ("baseline", r.baseline_lr)):
+                row[f"{side}_lr"] = best.lr if best else math.nan
+                row[f"{side}_lr_at_edge"] = bool(best and best.at_edge)
+                row[f"{side}_lr_grid"] = " ".join(override_text(v) for v in best.grid) if best else ""
+            for side, (k, n) in (("arm", r.arm_stalled), ("baseline", r.baseline_stalled)):
+                row[f"{side}_stalled"], row[f"{side}_seeds"] = k, n
+            for side, points in (("arm", e.arm_points if e else ()), ("baseline", e.baseline_points if e else ())):
+                row[f"{side}_seed_values"] = " ".join(f"{override_text(seed)}:{v:.6g}" for _, seed, v in points)
             rows.append(row)
         return pd.DataFrame(rows)
 
@@ -188,6 +226,11 @@ class Inputs:
     rs: RunSet
     scaling: Any = None  # analysis.compute.scaling.ScalingStudy | None
     scaling_done: bool = False
+    stalled: dict[str, bool] = field(default_factory=dict)  # run id -> a completed run that stalled
+
+    def __post_init__(self) -> None:
+        if M.STALLED in self.rs.runs.columns:
+            self.stalled = {r: is_stalled(v) for r, v in zip(self.rs.runs["run_id"], self.rs.runs[M.STALLED])}
 
     def scaling_study(self) -> Any:
         if not self.scaling_done:
@@ -251,6 +294,10 @@ def compare_values(
     back = math.exp if ratio else float
     arm_mean = float(np.mean([r[VALUE] for r in arm]))
     base_mean = float(np.mean([r[VALUE] for r in base]))
+
+    def points(rows: list[dict[str, Any]]) -> tuple[tuple[str, Any, float], ...]:
+        return tuple((str(r.get("run_id", "")), r.get(M.SEED), back(r[VALUE])) for r in rows)
+
     return Effect(
         estimate=back(r95["delta_final_val_loss"]),
         low95=back(r95["delta_ci_low"]),
@@ -265,6 +312,8 @@ def compare_values(
         arm_value=back(arm_mean),
         baseline_value=back(base_mean),
         notes=tuple(notes),
+        arm_points=points(arm),
+        baseline_points=points(base),
     )
 
 
@@ -283,16 +332,6 @@ def _per_run(
 
 def _column(name: str) -> Callable[[dict[str, Any]], float]:
     return lambda row: _num(row.get(name))
-
-
-def _capped(row: dict[str, Any]) -> float:
-    """Final val loss capped at the run's step-0 loss; a diverged run (or a non-finite final loss) is its step-0
-    loss (compare.lr_sweep's rule)."""
-    init = _num(row.get(INIT_VAL_LOSS))
-    final = _num(row.get(M.FINAL_VAL_LOSS))
-    if row.get(M.STATUS) == M.STATUS_DIVERGED or not math.isfinite(final):
-        return init
-    return min(final, init) if math.isfinite(init) else final
 
 
 def _extrapolation_column(rs: RunSet, k: float) -> str | None:
@@ -365,14 +404,14 @@ def tokens_per_sec(sel: Selection) -> Effect | str:
 
 
 def lr_sensitivity(sel: Selection) -> Effect | str:
-    """E_lr[min(loss(lr), loss_init) - loss*] per seed (each seed's own capped losses and its own best), then
+    """E_lr[min(loss(lr), ln V) - loss*] per seed (each seed's own capped losses and its own best), then
     compared over seeds like a loss. compare.lr_sweep averages the capped losses over seeds first and then
     takes the best: its number (the LR table's) can differ slightly from the mean of the per-seed ones here.
     A seed that misses an LR of its arm's grid is left out (its sensitivity would be over another grid)."""
     notes: list[str] = []
     sides, grids = [], []
     for ids in (sel.arm, sel.baseline):
-        rows = _values(sel, ids, _capped, ENDED)
+        rows = _values(sel, ids, capped_loss, ENDED)
         lrs = {r["run_id"]: _num(sel.rs.configs[r["run_id"]].get(LR_KEY)) for r in rows}
         grid = sorted(set(lrs.values()))
         by_seed: dict[Any, dict[float, float]] = {}
@@ -396,28 +435,14 @@ def _lr_of(sel: Selection, run_id: str) -> float:
     return _num(sel.rs.configs[run_id].get(LR_KEY))
 
 
-def final_val_loss_at_best_lr(sel: Selection) -> Effect | str:
-    """Each side at its own best LR (lowest mean final val loss over its completed seeds there), then compared
-    over seeds like a loss: the table "Each arm at its own best learning rate" (analysis/compute/best_lr.py)."""
-    sides = []
-    for ids in (sel.arm, sel.baseline):
-        rows = _values(sel, ids, _column(M.FINAL_VAL_LOSS), (M.STATUS_COMPLETED,))
-        by_lr: dict[float, list[dict[str, Any]]] = {}
-        for r in rows:
-            by_lr.setdefault(_lr_of(sel, r["run_id"]), []).append(r)
-        best = min(by_lr, key=lambda lr: np.mean([r[VALUE] for r in by_lr[lr]]), default=None)
-        sides.append(by_lr.get(best, []))
-    return compare_values(sides[0], sides[1])
-
-
-def widest_val_loss_at_best_lr(sel: Selection) -> Effect | str:
-    """final_val_loss_at_best_lr on the runs of the widest model.d_model either side has (lr_transfer: muP at its
-    best LR at the widest width against SP at its own best there)."""
+def widest(sel: Selection) -> Selection:
+    """The runs of the widest model.d_model either side has (widest_val_loss_at_best_lr, lr_transfer: muP at its
+    best LR at the widest width against SP at its own best there); each side's best LR is chosen after this."""
     width = {r: _num(sel.rs.configs[r].get("model.d_model")) for r in (*sel.arm, *sel.baseline)}
-    widest = max((w for w in width.values() if math.isfinite(w)), default=math.nan)
-    arm = [r for r in sel.arm if width[r] == widest]
-    base = [r for r in sel.baseline if width[r] == widest]
-    return final_val_loss_at_best_lr(Selection(sel.inputs, sel.claim, arm, base))
+    top = max((w for w in width.values() if math.isfinite(w)), default=math.nan)
+    arm = [r for r in sel.arm if width[r] == top]
+    base = [r for r in sel.baseline if width[r] == top]
+    return Selection(sel.inputs, sel.claim, arm, base)
 
 
 def _best_lr_spread(losses: dict[Any, dict[float, dict[Any, float]]], seeds: np.ndarray) -> float:
@@ -437,7 +462,7 @@ def best_lr_spread(sel: Selection, n_boot: int = 2000) -> Effect | str:
     seeds, the same seed draws on both sides (paired), each resample's best LRs found anew."""
     sides = []
     for ids in (sel.arm, sel.baseline):
-        rows = _values(sel, ids, _capped, ENDED)
+        rows = _values(sel, ids, capped_loss, ENDED)
         losses: dict[Any, dict[float, dict[Any, float]]] = {}
         for r in rows:
             width = sel.rs.configs[r["run_id"]].get("model.d_model")
@@ -463,6 +488,12 @@ def best_lr_spread(sel: Selection, n_boot: int = 2000) -> Effect | str:
     low95, high95, low90, high90 = np.quantile(ratios, [0.025, 0.975, 0.05, 0.95])
     n = len(seeds)
     return Effect(arm / base, low95, high95, low90, high90, math.nan, "bootstrap", n, n, n, arm, base)
+
+
+def downstream(sel: Selection) -> Effect | str:
+    """The claim's ``downstream/<task>/<kind>`` (its ``task`` and ``kind``; the last evaluation, summary.json) of
+    each completed run, compared as final_val_loss is: arm - baseline, paired by seed."""
+    return _per_run(_column(M.downstream(str(sel.claim.task), str(sel.claim.kind))))(sel)
 
 
 def compute_multiplier(sel: Selection) -> Effect | str:
@@ -496,7 +527,7 @@ def compute_multiplier(sel: Selection) -> Effect | str:
 METRIC_FUNCTIONS: dict[str, Callable[[Selection], Effect | str]] = {
     "final_val_loss": _per_run(_column(M.FINAL_VAL_LOSS)),
     "best_val_loss": _per_run(_column(M.BEST_VAL_LOSS)),
-    "capped_val_loss": _per_run(_capped, ENDED),
+    "capped_val_loss": _per_run(capped_loss, ENDED),
     "val_loss_at_context": val_loss_at_context,
     "extrapolation_gap": extrapolation_gap,
     "grad_norm_spike_rate": _per_run(_spike_rate(M.GRAD_NORM_SPIKES), ENDED),
@@ -505,11 +536,15 @@ METRIC_FUNCTIONS: dict[str, Callable[[Selection], Effect | str]] = {
     "max_attn_logit": max_attn_logit,
     "init_grad_growth": _per_run(_init_grad_growth, None),
     "lr_sensitivity": lr_sensitivity,
-    "final_val_loss_at_best_lr": final_val_loss_at_best_lr,
+    # each side's best LR is chosen before the metric is computed (MetricSpec.at_best_lr; _evaluate)
+    "final_val_loss_at_best_lr": _per_run(_column(M.FINAL_VAL_LOSS)),
     "best_lr_spread": best_lr_spread,
-    "widest_val_loss_at_best_lr": widest_val_loss_at_best_lr,
+    "widest_val_loss_at_best_lr": _per_run(_column(M.FINAL_VAL_LOSS)),
     "compute_multiplier": compute_multiplier,
+    "downstream": downstream,
 }
+# runs a metric looks at before each side's best LR is chosen (the rest of a side's runs in the context)
+NARROW: dict[str, Callable[[Selection], Selection]] = {"widest_val_loss_at_best_lr": widest}
 
 
 # --- claims of a run set, and their evaluation ----------------------------------------------------------
@@ -576,13 +611,16 @@ def _evaluate(inputs: Inputs, claim: Claim, axes: list[Axis]) -> list[ClaimResul
     pooled = set(claim.spec.pools)
     if claim.metric == "compute_multiplier" and inputs.scaling_study() is not None:
         pooled |= set(inputs.scaling_study().size_keys)
-    others = [a for a in axes if not set(a.keys) & set(axis.keys) and not set(a.keys) & pooled]
     filters = []
     for ckey, cvalue in claim.context:
         resolved = resolve_key(ckey, known)
         if resolved is None:
             return [ClaimResult(claim, ALL_RUNS, UNTESTED, None, WHY_UNKNOWN_KEY, axis.label)]
         filters.append((resolved, cvalue))
+    tune = tunes_lr(claim, [k for k, _ in filters])
+    if tune:
+        pooled |= {LR_KEY, LR_MULT_KEY}
+    others = [a for a in axes if not set(a.keys) & set(axis.keys) and not set(a.keys) & pooled]
     members = [r for r, cfg in rs.configs.items() if all(same_value(v, cfg.get(k)) for k, v in filters)]
     if not members:
         return [ClaimResult(claim, ALL_RUNS, UNTESTED, None, WHY_NO_CONTEXT, axis.label)]
@@ -601,18 +639,58 @@ def _evaluate(inputs: Inputs, claim: Claim, axes: list[Axis]) -> list[ClaimResul
         if not arm and not base:
             continue  # a context holding neither (another arm of a many-valued axis)
         arm_label = override_text(rs.configs[arm[0]][axis.name]) if arm else override_text(claim.arm)
-        common = dict(axis=axis.label, arm_label=arm_label, arm_runs=tuple(arm), baseline_runs=tuple(base))
         if not arm or not base:
+            common = dict(axis=axis.label, arm_label=arm_label, arm_runs=tuple(arm), baseline_runs=tuple(base))
             out.append(ClaimResult(claim, label, UNTESTED, None, WHY_NO_ARM if not arm else WHY_NO_BASELINE, **common))
             continue
-        effect = METRIC_FUNCTIONS[claim.metric](Selection(inputs, claim, arm, base))
+        sel = Selection(inputs, claim, arm, base)
+        sel = NARROW.get(claim.metric, lambda x: x)(sel)
+        best: tuple[BestLR | None, BestLR | None] = (None, None)
+        if tune:
+            sel, best = at_best_lr(sel)
+        stalled = tuple((sum(inputs.stalled.get(r, False) for r in ids), len(ids)) for ids in (sel.arm, sel.baseline))
+        stalled_runs = tuple(r for r in (*sel.arm, *sel.baseline) if inputs.stalled.get(r, False))
+        common = dict(axis=axis.label, arm_label=arm_label, arm_runs=tuple(sel.arm), baseline_runs=tuple(sel.baseline),
+                      arm_lr=best[0], baseline_lr=best[1], arm_stalled=stalled[0], baseline_stalled=stalled[1],
+                      stalled_runs=stalled_runs)  # fmt: skip
+        effect = METRIC_FUNCTIONS[claim.metric](sel)
         if isinstance(effect, str):
             out.append(ClaimResult(claim, label, UNTESTED, None, effect, **common))
             continue
         decided = verdict(effect, claim)
         why = WHY_NO_INTERVAL if decided == INCONCLUSIVE and not math.isfinite(effect.low95) else ""
+        if decided != UNTESTED and not claim.stalls_are_data and (stalled[0][0] or stalled[1][0]):
+            decided, why = INCONCLUSIVE, WHY_STALLED  # stalled seeds are no data points of an effect
         out.append(ClaimResult(claim, label, decided, effect, why, **common))
     return out or [ClaimResult(claim, ALL_RUNS, UNTESTED, None, WHY_NO_CONTEXT, axis.label)]
+
+
+def tunes_lr(claim: Claim, pinned: Sequence[str]) -> bool:
+    """Is each side of ``claim`` taken at its own best LR? Yes for a metric that does so by definition
+    (``MetricSpec.at_best_lr``); no for one that pools the LR itself (LR sensitivity, best-LR spread, compute
+    multiplier) or when the claim's context pins the LR (``pinned``: its resolved context keys); else yes (a
+    side whose runs share one LR is then simply taken at it)."""
+    if claim.spec.at_best_lr:
+        return True
+    if LR_KEY in claim.spec.pools:
+        return False
+    return not ({LR_KEY, LR_MULT_KEY} & set(pinned))
+
+
+def at_best_lr(sel: Selection) -> tuple[Selection, tuple[BestLR | None, BestLR | None]]:
+    """Each side narrowed to its runs at its own best LR (:func:`analysis.compute.best_lr.best_lr_of`), and the
+    choices; a side whose runs share one LR keeps them all (no choice recorded)."""
+    chosen: list[BestLR | None] = []
+    narrowed: list[list[str]] = []
+    for ids in (sel.arm, sel.baseline):
+        best = best_lr_of(sel.rs, ids) if ids else None
+        if best is None or len(best.grid) < 2:
+            chosen.append(None)
+            narrowed.append(list(ids))
+        else:
+            chosen.append(best)
+            narrowed.append(list(best.run_ids))
+    return Selection(sel.inputs, sel.claim, narrowed[0], narrowed[1]), (chosen[0], chosen[1])
 
 
 # --- what the report shows beside the claims ------------------------------------------------------------
@@ -624,8 +702,11 @@ def annotate_comparisons(table: pd.DataFrame, claims: ClaimSet) -> pd.DataFrame:
     verdicts = [""] * len(out)
     if len(out):
         where = {(a, c, arm): i for i, (a, c, arm) in enumerate(zip(out["axis"], out["context"], out["arm"]))}
+        members = [(a, set(str(runs).split())) for a, runs in zip(out["axis"], out.get("run_ids", [""] * len(out)))]
         for r in claims.results:
             i = where.get((r.axis, r.context, r.arm_label))
+            if i is None and r.arm_runs:  # decided at its best LR: the row holding the runs it used
+                i = next((j for j, (a, runs) in enumerate(members) if a == r.axis and set(r.arm_runs) <= runs), None)
             if i is not None and r.verdict != UNTESTED:
                 ids[i] = f"{ids[i]} {r.claim.id}".strip()
                 verdicts[i] = f"{verdicts[i]} {r.claim.id}:{r.verdict}".strip()
@@ -634,14 +715,20 @@ def annotate_comparisons(table: pd.DataFrame, claims: ClaimSet) -> pd.DataFrame:
 
 
 def largest_effects(cs: ComparisonSet, limit: int = 3) -> pd.DataFrame:
-    """Comparison rows whose final-val-loss difference has a 95% interval excluding 0, largest |Δ| first."""
+    """Comparison rows whose final-val-loss difference has a 95% interval excluding 0, largest |Δ| first; rows
+    where the arm or its baseline (same axis and context) has stalled seeds are left out (stalled runs are no
+    data points of an effect; the comparison tables still show and mark them)."""
     table = cs.table
     if table.empty or "delta_final_val_loss" not in table:
         return table
     d, lo, hi = (
         pd.to_numeric(table[c], errors="coerce") for c in ("delta_final_val_loss", "delta_ci_low", "delta_ci_high")
     )
-    keep = ~table["is_baseline"].astype(bool) & np.isfinite(d) & ((lo > 0) | (hi < 0))
+    stalled = pd.to_numeric(table.get("n_stalled", pd.Series(0, index=table.index)), errors="coerce").fillna(0) > 0
+    cell = list(zip(table["axis"], table["context"]))
+    base_stalled = {c for c, b, s in zip(cell, table["is_baseline"].astype(bool), stalled) if b and s}
+    stalled |= pd.Series([c in base_stalled for c in cell], index=table.index)
+    keep = ~table["is_baseline"].astype(bool) & np.isfinite(d) & ((lo > 0) | (hi < 0)) & ~stalled
     return (
         table[keep].assign(_size=d[keep].abs()).sort_values("_size", ascending=False).drop(columns="_size").head(limit)
     )

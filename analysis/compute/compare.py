@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.compute.stats import mean_ci, paired, welch
-from analysis.sources.load import INIT_VAL_LOSS, AnalysisError, RunSet
+from analysis.sources.load import INIT_VAL_LOSS, AnalysisError, RunSet, downstream_keys
 from analysis.sources.values import launch_order, matches_text, override_text, value_order
 from lm_ablate import metrics as M
 
@@ -48,7 +48,7 @@ AGGREGATED = (
     M.FINAL_VAL_LOSS, M.BEST_VAL_LOSS, M.GRAD_NORM_SPIKES, M.LOSS_SPIKES, M.MEAN_TOKENS_PER_SEC, M.MEAN_MFU,
 )  # fmt: skip
 ROW_COLUMNS = (
-    "run_id", M.STATUS, M.SEED, *AGGREGATED, M.PARAMS_TOTAL, M.PARAMS_NON_EMBEDDING, M.STEPS,
+    "run_id", M.STATUS, M.SEED, *AGGREGATED, M.PARAMS_TOTAL, M.PARAMS_NON_EMBEDDING, M.STEPS, M.STALLED,
 )  # what _arm_row reads  # fmt: skip
 LR_KEY = "optim.lr"
 CLAIMS_KEY = "claims"  # the study's claims (lm_ablate/claim_spec.py), read by analysis/compute/claims.py
@@ -59,10 +59,13 @@ TEST_WELCH = "welch"
 @dataclass(frozen=True)
 class Axis:
     """One intervention: ``name`` is the config key whose values are its arms; ``keys`` all config keys it sets
-    (they split runs identically, or follow a bundle choice), ``name`` first."""
+    (they split runs identically, or follow a bundle choice), ``name`` first. ``own``: keys that differ between
+    its arms only because an option leaves them unread (null there; lm_ablate/options.py): the options' own
+    keys (norm.bias under norm=layernorm,rmsnorm), not settings that change with it."""
 
     name: str
     keys: tuple[str, ...]
+    own: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -80,6 +83,7 @@ class Comparison:
     contexts: list[str]
     table: pd.DataFrame
     assignment: dict[str, tuple[str, str]]  # run_id -> (context, arm), for plots and run listings
+    scores: list[str] = field(default_factory=list)  # the downstream/<task>/<kind> metrics the table compares
 
 
 @dataclass(frozen=True)
@@ -197,9 +201,10 @@ def find_axes(rs: RunSet) -> tuple[list[Axis], dict[str, list[Any]], dict[str, A
         for k, v in varied.items()
         if not is_candidate(k) and not (k.startswith(CHOICES) and f"{key_label(k)}.name" in varied)
     }
+    own = option_keys(rs.configs, varied)
     groups: dict[tuple[int, ...], list[str]] = {}
     for key in varied:
-        if is_candidate(key):
+        if is_candidate(key) and key not in own:
             groups.setdefault(_partition(run_ids, rs.configs, key), []).append(key)
     # a bundle (arch=original,gpt2,llama) sets every key that changes only with it, even one that two of its
     # options share (norm.name is layernorm for original and gpt2): those keys are its, not axes of their own
@@ -223,8 +228,42 @@ def find_axes(rs: RunSet) -> tuple[list[Axis], dict[str, list[Any]], dict[str, A
         if members:
             name = _preferred(members)
             others = sorted((k for k in members if k != name), key=order.__getitem__)
-            axes.append(Axis(name, (name, *others)))
+            owned = tuple(k for k in own if set(own[k]) & set(members))
+            axes.append(Axis(name, (name, *others), owned))
     return axes, varied, fixed, ignored
+
+
+def _nested(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flattened config (dotted keys) as nested mappings, as lm_ablate.options reads a config."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *path, leaf = key.split(".")
+        node = out
+        for part in path:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                break
+        else:
+            node[leaf] = value
+    return out
+
+
+def option_keys(configs: dict[str, dict[str, Any]], varied: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """Varied keys that differ only because some runs' options leave them unread (lm_ablate.options.unread: null
+    on every such run) while every run that reads them has the same value; key -> the selectors that own it
+    (``norm.bias`` -> ``norm.name``: null under rmsnorm, true under layernorm). Such a key is not an axis nor a
+    key that changes together with one: it is its options' own."""
+    from lm_ablate.options import owners, unread
+
+    skipped = {r: {u.key for u in unread(_nested(cfg))} for r, cfg in configs.items()}
+    out: dict[str, tuple[str, ...]] = {}
+    for key in varied:
+        unread_values = [cfg[key] for r, cfg in configs.items() if key in skipped[r]]
+        read_values = _sorted_values(cfg[key] for r, cfg in configs.items() if key not in skipped[r])
+        if unread_values and all(v is None for v in unread_values) and len(read_values) <= 1:
+            node, _, leaf = key.partition(".")
+            out[key] = tuple(o.selector for o in owners() if o.node == node and leaf in o.readers)
+    return out
 
 
 def parse_baseline(spec: str | None) -> tuple[str, str] | None:
@@ -330,7 +369,8 @@ def _compare_axis(
     members: dict[tuple[str, str], list[str]] = {}
     for r in run_ids:
         members.setdefault(assignment[r], []).append(r)
-    records = {r["run_id"]: r for r in rs.runs[list(ROW_COLUMNS)].to_dict("records")}
+    scores = downstream_metrics(rs)
+    records = {r["run_id"]: r for r in rs.runs[[*ROW_COLUMNS, *scores]].to_dict("records")}
     rows = []
     for context in contexts:
         base_ids = members.get((context, baseline), [])
@@ -338,9 +378,15 @@ def _compare_axis(
         for arm in arms:
             if (context, arm) in members:
                 runs = [records[r] for r in members[(context, arm)]]
-                rows.append(_arm_row(axis, context, arm, arm == baseline, runs, base_runs))
+                rows.append(_arm_row(axis, context, arm, arm == baseline, runs, base_runs, scores))
     table = pd.DataFrame(rows)
-    return Comparison(axis, arms, baseline, contexts, table, assignment)
+    return Comparison(axis, arms, baseline, contexts, table, assignment, scores)
+
+
+def downstream_metrics(rs: RunSet) -> list[str]:
+    """The ``downstream/<task>/<kind>`` columns of the runs table that some run has a value in (task order, then
+    acc, acc_norm, bpb): what the comparison tables add beside final val loss."""
+    return [k for k in downstream_keys(rs.runs.columns) if pd.to_numeric(rs.runs[k], errors="coerce").notna().any()]
 
 
 Run = dict[str, Any]  # one row of the runs table, narrowed to ROW_COLUMNS (plain dicts: pandas slicing of a
@@ -353,6 +399,42 @@ def _num(value: Any) -> float:
     except (TypeError, ValueError):
         return math.nan
     return out
+
+
+def is_stalled(flag: Any) -> bool:
+    """The runs table's ``stalled`` value (analysis.sources.load judges it) as a bool: NaN or None is not."""
+    return isinstance(flag, (bool, np.bool_)) and bool(flag)
+
+
+def loss_cap(row: Any) -> float:
+    """What a run that failed to train scores (capped_val_loss, LR sensitivity): ln V, the loss of the uniform
+    prediction over the run's vocabulary (``log_vocab``; ``vocab_size`` of records written before it), the
+    same for every run of a study with one vocabulary. The step-0 loss is no cap: an init with large logits
+    starts far above ln V (~450 nats for no-norm at unit init). A record without its vocabulary falls back to
+    its step-0 loss (``init_val_loss``)."""
+    for value in (row.get(M.LOG_VOCAB), math.log(v) if (v := _num(row.get(M.VOCAB_SIZE))) > 0 else math.nan):
+        if math.isfinite(_num(value)):
+            return float(value)
+    return _num(row.get(INIT_VAL_LOSS))
+
+
+def capped_loss(row: Any) -> float:
+    """A run's final val loss capped at :func:`loss_cap`; a diverged run (or a non-finite final loss) is the cap."""
+    cap, final = loss_cap(row), _num(row.get(M.FINAL_VAL_LOSS))
+    if row.get(M.STATUS) == M.STATUS_DIVERGED or not math.isfinite(final):
+        return cap
+    return min(final, cap) if math.isfinite(cap) else final
+
+
+def pick_best_lr(means: dict[float, float]) -> tuple[float, bool]:
+    """(best LR, at an edge of the grid) of ``{lr: mean final val loss}``: the lowest finite mean (NaN when
+    none); an edge when the grid has more than one LR and the best is its smallest or largest. The one rule
+    for the LR table, the best-LR comparison and every claim decided at each side's best LR."""
+    finite_means = {lr: m for lr, m in means.items() if math.isfinite(m)}
+    if not finite_means:
+        return math.nan, False
+    best = min(finite_means, key=lambda lr: (finite_means[lr], lr))
+    return best, len(means) > 1 and best in (min(means), max(means))
 
 
 def _completed(runs: list[Run]) -> list[Run]:
@@ -386,6 +468,25 @@ def compare_to_baseline(
             "test": TEST_WELCH if math.isfinite(p) else "", "n_pairs": 0}  # fmt: skip
 
 
+def score_columns(score: str, done: list[Run], base_done: list[Run] | None) -> dict[str, Any]:
+    """A downstream metric of an arm's completed runs, as final val loss is shown: ``<score>_mean``, ``_ci_low``,
+    ``_ci_high``, ``_n`` (mean ± Student-t 95% over seeds, :func:`mean_ci`) and, against the baseline's
+    completed runs (None: this is the baseline), ``delta_<score>`` = arm − baseline with ``_ci_low``,
+    ``_ci_high``, ``_p_value``, ``_test``, ``_n_pairs`` (:func:`compare_to_baseline`: paired t over shared
+    seeds when there are two, else Welch); NaN and no test for the baseline."""
+    mean, low, high, n = mean_ci([_num(r[score]) for r in done])
+    out: dict[str, Any] = {f"{score}_mean": mean, f"{score}_ci_low": low, f"{score}_ci_high": high, f"{score}_n": n}
+    delta = f"delta_{score}"
+    test: dict[str, Any] = {"delta_final_val_loss": math.nan, "delta_ci_low": math.nan, "delta_ci_high": math.nan,
+                            "p_value": math.nan, "test": "", "n_pairs": 0}  # fmt: skip
+    if base_done is not None:
+        test = compare_to_baseline(done, base_done, score)
+    out.update({delta: test["delta_final_val_loss"], f"{delta}_ci_low": test["delta_ci_low"],
+                f"{delta}_ci_high": test["delta_ci_high"], f"{delta}_p_value": test["p_value"],
+                f"{delta}_test": test["test"], f"{delta}_n_pairs": test["n_pairs"]})  # fmt: skip
+    return out
+
+
 def spike_rate(runs: list[Run], count_key: str) -> float:
     """Spikes per 1000 steps, pooled over the runs given (total spikes / total steps)."""
     pairs = [(_num(r[count_key]), _num(r[M.STEPS])) for r in runs]
@@ -394,11 +495,18 @@ def spike_rate(runs: list[Run], count_key: str) -> float:
 
 
 def _arm_row(
-    axis: Axis, context: str, arm: str, is_baseline: bool, runs: list[Run], base: list[Run] | None
+    axis: Axis,
+    context: str,
+    arm: str,
+    is_baseline: bool,
+    runs: list[Run],
+    base: list[Run] | None,
+    scores: Sequence[str] = (),
 ) -> dict[str, Any]:
     done = _completed(runs)
     diverged = [r for r in runs if r[M.STATUS] == M.STATUS_DIVERGED]
     other = [r for r in runs if r[M.STATUS] not in (M.STATUS_COMPLETED, M.STATUS_DIVERGED)]
+    stalled = [r for r in done if is_stalled(r.get(M.STALLED))]
     row: dict[str, Any] = {
         "axis": axis.label,
         "context": context,
@@ -408,6 +516,7 @@ def _arm_row(
         "n_completed": len(done),
         "n_diverged": len(diverged),
         "n_other": len(other),
+        "n_stalled": len(stalled),  # completed runs that stalled (lm_ablate/stall.py): in the means, and marked
     }
     for metric in AGGREGATED:
         mean, low, high, n = mean_ci([_num(r[metric]) for r in done])
@@ -429,10 +538,20 @@ def _arm_row(
         if base_tps and np.isfinite(base_tps):
             ratio = row[f"{M.MEAN_TOKENS_PER_SEC}_mean"] / base_tps
     row.update(test)
+    for score in scores:
+        row.update(score_columns(score, done, None if base is None or is_baseline else _completed(base)))
     row.update(
         {
             "tokens_per_sec_ratio": ratio,
             "diverged_runs": " ".join(r["run_id"] for r in diverged),
+            "stalled_runs": " ".join(r["run_id"] for r in stalled),
+            # each completed seed's final val loss, "seed:value", stalled ones marked "*": a cell with stalled
+            # seeds is bimodal, and the report shows it seed by seed, not as a mean ± t alone
+            "seed_finals": " ".join(
+                f"{override_text(r[M.SEED])}:{_num(r[M.FINAL_VAL_LOSS]):.6g}"
+                + ("*" if is_stalled(r.get(M.STALLED)) else "")
+                for r in done
+            ),  # fmt: skip
             "other_runs": " ".join(f"{r['run_id']}({r[M.STATUS]})" for r in other),
             "run_ids": " ".join(r["run_id"] for r in runs),
         }
@@ -469,17 +588,18 @@ def _is_number(v: Any) -> bool:
 def lr_sweep(rs: RunSet, key: str = LR_KEY) -> LRSweep | None:
     """Best learning rate and learning-rate sensitivity of every arm, or None when ``key`` does not vary.
 
-    Best LR: the grid value with the lowest mean final val loss over completed runs (its Student-t interval
-    as elsewhere; the diverged runs at that LR are counted beside it). ``best_at_edge`` flags a best LR at
-    either end of the grid: the optimum may lie outside it.
+    Best LR: the grid value with the lowest mean final val loss over completed runs (:func:`pick_best_lr`; its
+    Student-t interval as elsewhere; the diverged and stalled runs at that LR are counted beside it).
+    ``best_at_edge`` flags a best LR at either end of the grid: the optimum may lie outside it.
 
-    LR sensitivity (Wortsman et al. 2023): E_lr[min(loss(lr), loss_init) - loss*] over the arm's grid. Here
-    every run's final val loss is capped at its own init loss (the first ``val/loss`` row, logged at step 0),
-    a diverged run (or a completed one with a non-finite final loss) counts as its init loss, loss(lr) is the
+    LR sensitivity (Wortsman et al. 2023): E_lr[min(loss(lr), cap) - loss*] over the arm's grid. Here every
+    run's final val loss is capped at ln V (:func:`loss_cap`: the uniform prediction's loss, where Wortsman et
+    al.'s init loss sits for a standard init; a run without its vocabulary recorded is capped at its step-0
+    loss), a diverged run (or a completed one with a non-finite final loss) counts as the cap, loss(lr) is the
     mean of these over the seeds, loss* the lowest loss(lr) of the arm, and the expectation is the plain mean
-    over the LRs that have a completed or diverged run. A run without an init loss borrows the arm's mean
-    init loss. 0 means every LR in the grid is as good as the best; it grows as the loss worsens, capped at
-    the init loss, away from the best LR. Runs still running, failed or unreadable are left out.
+    over the LRs that have a completed or diverged run. A run without a cap borrows the arm's mean cap. 0 means
+    every LR in the grid is as good as the best; it grows as the loss worsens, capped, away from the best LR.
+    Runs still running, failed or unreadable are left out.
     """
     axes, _, _, _ = find_axes(rs)
     found = next((a for a in axes if key in a.keys), None)
@@ -492,19 +612,20 @@ def lr_sweep(rs: RunSet, key: str = LR_KEY) -> LRSweep | None:
     assignment, contexts = _assign(rs, axis, axes, run_ids)
     lrs = sorted({float(rs.configs[r][key]) for r in run_ids})
     # the columns _lr_point reads: selecting rows of the full (wide) table per point cost ~0.1 s on 1000 runs
-    wanted = ["run_id", M.STATUS, M.FINAL_VAL_LOSS, *([INIT_VAL_LOSS] if INIT_VAL_LOSS in rs.runs else [])]
-    runs = rs.runs[wanted].set_index("run_id", drop=False)
-    init = pd.to_numeric(runs.get(INIT_VAL_LOSS, pd.Series(math.nan, index=runs.index)), errors="coerce")
+    wanted = ["run_id", M.STATUS, M.FINAL_VAL_LOSS, M.STALLED, M.LOG_VOCAB, M.VOCAB_SIZE,
+              *([INIT_VAL_LOSS] if INIT_VAL_LOSS in rs.runs else [])]  # fmt: skip
+    runs = rs.runs[[c for c in wanted if c in rs.runs]].set_index("run_id", drop=False)
+    caps = pd.Series({r: loss_cap(row) for r, row in zip(runs.index, runs.to_dict("records"))}, dtype=float)
     points, best = [], []
     for context in contexts:
         members = [r for r in run_ids if assignment[r][0] == context]
-        arm_init = init.loc[members]
-        arm_init_mean = float(arm_init.mean()) if arm_init.notna().any() else math.nan
-        rows = [_lr_point(context, lr, [r for r in members if rs.configs[r][key] == lr], runs, init,
-                          arm_init_mean) for lr in lrs]  # fmt: skip
+        arm_caps = caps.loc[members]
+        arm_cap = float(arm_caps.mean()) if arm_caps.notna().any() else math.nan
+        rows = [_lr_point(context, lr, [r for r in members if rs.configs[r][key] == lr], runs, caps, arm_cap)
+                for lr in lrs]  # fmt: skip
         rows = [row for row in rows if row["n_runs"]]
         points += rows
-        best.append(_lr_best(context, rows, arm_init_mean))
+        best.append(_lr_best(context, rows, arm_cap))
     others = [a.name for a in _other_axes(axis, axes)]
     values = {assignment[r][0]: {a: override_text(rs.configs[r][a]) for a in others} for r in run_ids}
     return LRSweep(axis, contexts, lrs, pd.DataFrame(points), pd.DataFrame(best), assignment, others, values,
@@ -512,32 +633,33 @@ def lr_sweep(rs: RunSet, key: str = LR_KEY) -> LRSweep | None:
 
 
 def _lr_point(
-    context: str, lr: float, members: list[str], runs: pd.DataFrame, init: pd.Series, arm_init: float
+    context: str, lr: float, members: list[str], runs: pd.DataFrame, caps: pd.Series, arm_cap: float
 ) -> dict[str, Any]:
     df = runs.loc[members]
     final = pd.to_numeric(df[M.FINAL_VAL_LOSS], errors="coerce")
     completed = (df[M.STATUS] == M.STATUS_COMPLETED) & np.isfinite(final)
     diverged = (df[M.STATUS] == M.STATUS_DIVERGED) | ((df[M.STATUS] == M.STATUS_COMPLETED) & ~completed)
+    stalled = completed & df.get(M.STALLED, pd.Series(False, index=df.index)).map(is_stalled)
     mean, low, high, n = mean_ci(final[completed].tolist())
     capped = []
     for r in df.index[completed | diverged]:
-        loss_init = init.get(r, math.nan)
-        loss_init = arm_init if not np.isfinite(loss_init) else float(loss_init)
-        capped.append(loss_init if diverged[r] else min(float(final[r]), loss_init))
+        cap = caps.get(r, math.nan)
+        cap = arm_cap if not np.isfinite(cap) else float(cap)
+        capped.append(cap if diverged[r] else min(float(final[r]), cap))
     return {
         "context": context, "lr": lr, "n_runs": len(df), "n_completed": int(completed.sum()),
-        "n_diverged": int(diverged.sum()), f"{M.FINAL_VAL_LOSS}_mean": mean,
+        "n_diverged": int(diverged.sum()), "n_stalled": int(stalled.sum()), f"{M.FINAL_VAL_LOSS}_mean": mean,
         f"{M.FINAL_VAL_LOSS}_ci_low": low, f"{M.FINAL_VAL_LOSS}_ci_high": high, f"{M.FINAL_VAL_LOSS}_n": n,
         "capped_loss": float(np.mean(capped)) if capped else math.nan,
-        "diverged_runs": " ".join(df.index[diverged]),
+        "diverged_runs": " ".join(df.index[diverged]), "stalled_runs": " ".join(df.index[stalled]),
     }  # fmt: skip
 
 
-def _lr_best(context: str, rows: list[dict[str, Any]], arm_init: float) -> dict[str, Any]:
+def _lr_best(context: str, rows: list[dict[str, Any]], arm_cap: float) -> dict[str, Any]:
     final = f"{M.FINAL_VAL_LOSS}_mean"
-    ranked = [r for r in rows if np.isfinite(r[final])]
-    top = min(ranked, key=lambda r: r[final]) if ranked else None
     grid = [r["lr"] for r in rows]
+    best_lr, at_edge = pick_best_lr({r["lr"]: r[final] for r in rows})
+    top = next((r for r in rows if r["lr"] == best_lr), None)
     capped = np.array([r["capped_loss"] for r in rows], dtype=float)
     capped = capped[np.isfinite(capped)]
     loss_star = float(capped.min()) if len(capped) else math.nan
@@ -546,14 +668,15 @@ def _lr_best(context: str, rows: list[dict[str, Any]], arm_init: float) -> dict[
         "n_lrs": len(grid),
         "lr_grid": " ".join(override_text(v) for v in grid),
         "best_lr": top["lr"] if top else math.nan,
-        "best_at_edge": bool(top and len(grid) > 1 and top["lr"] in (min(grid), max(grid))),
+        "best_at_edge": bool(top and at_edge),
         f"{M.FINAL_VAL_LOSS}_mean": top[final] if top else math.nan,
         f"{M.FINAL_VAL_LOSS}_ci_low": top[f"{M.FINAL_VAL_LOSS}_ci_low"] if top else math.nan,
         f"{M.FINAL_VAL_LOSS}_ci_high": top[f"{M.FINAL_VAL_LOSS}_ci_high"] if top else math.nan,
         f"{M.FINAL_VAL_LOSS}_n": top[f"{M.FINAL_VAL_LOSS}_n"] if top else 0,
         "n_diverged_at_best": top["n_diverged"] if top else 0,
+        "n_stalled_at_best": top["n_stalled"] if top else 0,
         "n_diverged": sum(r["n_diverged"] for r in rows),
-        "loss_init": arm_init,
+        "loss_cap": arm_cap,
         "loss_star": loss_star,
         "lr_sensitivity": float((capped - loss_star).mean()) if len(capped) else math.nan,
     }

@@ -8,6 +8,16 @@ from typing import Any
 
 import pandas as pd
 
+from lm_ablate import stall
+
+# what "stalled" means, in words, with the thresholds lm_ablate/stall.py decides by
+STALL_WORDS = (
+    f"completed, but its last val loss is at least {1 - stall.UNIGRAM_MARGIN:.0%} of the data's unigram loss "
+    f"(the validation split's cross-entropy under the training split's add-one unigram distribution: "
+    f"{stall.UNIGRAM}) or fell less than {stall.FELL_LESS_THAN:.1%} from the first evaluation after step 0 to the "
+    f"last ({stall.FLAT}); lm_ablate/stall.py"
+)
+
 
 def finite(x: Any) -> bool:
     """A finite number, not a bool (a missing value in a table is NaN or None)."""

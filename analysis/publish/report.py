@@ -64,7 +64,7 @@ def _claim_panels(claims: ClaimSet | None, axis_label: str, n_layers: int) -> li
     """Panels for the metrics the axis's claims compare (beyond the base loss and grad-norm lines)."""
     if claims is None:
         return []
-    metrics = {r.claim.metric: r.claim for r in claims.results if r.axis == axis_label}
+    metrics = {r.claim.metric_name: r.claim for r in claims.results if r.axis == axis_label}
     panels: list[dict[str, Any]] = []
     for metric, claim in metrics.items():
         if metric == "tokens_per_sec":
@@ -79,6 +79,8 @@ def _claim_panels(claims: ClaimSet | None, axis_label: str, n_layers: int) -> li
             k = int(float(claim.at)) if claim.at is not None else 4
             keys = [M.VAL_LOSS, M.VAL_LOSS_AT.format(k=k)]
             panels.append({"kind": "bar", "title": f"final val loss at 1x and {k}x context", "metrics": keys})
+        elif claim.metric == "downstream":  # metric: downstream/<task>/<kind>, the recorded name
+            panels.append({"kind": "bar", "title": f"{metric} (last evaluation)", "metrics": [metric]})
         elif metric == "lr_sensitivity":
             panels.append({"kind": "scatter", "title": f"final {M.VAL_LOSS} vs optim.lr", "x": "optim.lr",
                            "y": M.VAL_LOSS, "log_x": True})  # fmt: skip

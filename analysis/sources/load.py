@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from analysis.parallel import fork_map
 from lm_ablate import metrics as M
+from lm_ablate import stall
 
 STATUS_INCOMPLETE = "incomplete"  # no summary.json: killed before the loop wrote one (values from metrics)
 STATUS_CORRUPT = "corrupt"  # summary.json or config.yaml exists but cannot be parsed
@@ -40,10 +41,15 @@ SUMMARY_KEYS = (
     M.RUN_NAME, M.GROUP, M.CHOICES, M.SEED, M.FINAL_VAL_LOSS, M.BEST_VAL_LOSS, M.FINAL_TRAIN_LOSS,
     M.GRAD_NORM_SPIKES, M.LOSS_SPIKES, M.MEAN_TOKENS_PER_SEC, M.MEAN_MFU, M.PARAMS_TOTAL,
     M.PARAMS_NON_EMBEDDING, M.STEPS, M.TOTAL_TOKENS, M.WALL_TIME_S, M.DIVERGED_AT, M.SKIPPED_STEPS,
-    M.STOP_REASON, M.ERROR, M.FLOPS_PER_TOKEN,
+    M.STOP_REASON, M.ERROR, M.FLOPS_PER_TOKEN, M.VOCAB_SIZE, M.LOG_VOCAB, M.UNIGRAM_LOSS, M.STALLED,
+    M.STALL_REASON,
 )  # fmt: skip
-TEXT_SUMMARY_KEYS = (M.RUN_NAME, M.GROUP, M.CHOICES, M.STOP_REASON, M.ERROR)
-NUMERIC_SUMMARY_KEYS = tuple(k for k in SUMMARY_KEYS if k not in TEXT_SUMMARY_KEYS)
+TEXT_SUMMARY_KEYS = (M.RUN_NAME, M.GROUP, M.CHOICES, M.STOP_REASON, M.ERROR, M.STALL_REASON)
+# judged here by lm_ablate.stall from the history (the recorded flag only where no val/loss curve was read)
+JUDGED_KEYS = (M.STALLED,)
+NUMERIC_SUMMARY_KEYS = tuple(k for k in SUMMARY_KEYS if k not in TEXT_SUMMARY_KEYS + JUDGED_KEYS)
+# downstream/<task>/<kind> (lm_ablate.metrics.downstream): every one a run's summary holds is a numeric column
+DOWNSTREAM_KEY = re.compile(r"^downstream/([A-Za-z0-9_.-]+)/(" + "|".join(M.DOWNSTREAM_KINDS) + r")$")
 # history frame attr: first step that logged a non-finite train loss or grad norm (None if none)
 NONFINITE_STEP = "first_nonfinite_step"
 MISSING_VALUE = "(missing)"  # stands for a config key that one run has and another lacks (schema drift)
@@ -697,8 +703,16 @@ def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200]
 
 
+def downstream_keys(names: Iterable[Any]) -> list[str]:
+    """The ``downstream/<task>/<kind>`` names among ``names``, by task, then kind in DOWNSTREAM_KINDS order."""
+    found = {str(n): DOWNSTREAM_KEY.match(str(n)) for n in names}
+    hits = [(m.group(1), M.DOWNSTREAM_KINDS.index(m.group(2)), n) for n, m in found.items() if m]
+    return [n for _, _, n in sorted(hits)]
+
+
 def summary_values(summary: dict[str, Any] | None, hist: pd.DataFrame, name: str) -> dict[str, Any]:
-    """SUMMARY_KEYS for one run: the summary's where it has them, else recomputed from the history."""
+    """SUMMARY_KEYS for one run, and the summary's downstream/<task>/<kind> values: the summary's where it has
+    them, else recomputed from the history (no downstream values then)."""
     values: dict[str, Any] = dict.fromkeys(SUMMARY_KEYS, math.nan)
     values[M.RUN_NAME] = name
     values[M.ERROR] = None
@@ -707,6 +721,7 @@ def summary_values(summary: dict[str, Any] | None, hist: pd.DataFrame, name: str
         values.update(summarize_history(hist))
     else:
         values.update({k: summary[k] for k in SUMMARY_KEYS if k in summary and summary[k] is not None})
+        values.update({k: summary[k] for k in downstream_keys(summary) if summary[k] is not None})
     if isinstance(values[M.CHOICES], dict):
         values[M.CHOICES] = json.dumps(values[M.CHOICES], sort_keys=True)
     return values
@@ -782,12 +797,58 @@ def assemble(records: Sequence[RunRecord], problems: list[str] | None = None) ->
             row.update({k: v for k, v in rec.config.items() if k not in ("run_id", "run_dir", M.STATUS)})
         rows.append(row)
     runs = pd.DataFrame.from_records(rows)
-    lead = ["run_id", "run_dir", M.STATUS, *SUMMARY_KEYS]
+    scores = downstream_keys(runs.columns)  # a run without one reads NaN there
+    lead = ["run_id", "run_dir", M.STATUS, *SUMMARY_KEYS, *scores]
     runs = runs[lead + sorted(c for c in runs.columns if c not in lead)]
-    for key in NUMERIC_SUMMARY_KEYS:  # a hand-edited or half-migrated summary may hold strings: read as NaN
+    for key in (*NUMERIC_SUMMARY_KEYS, *scores):  # a hand-edited or half-migrated summary may hold strings: NaN
         runs[key] = pd.to_numeric(runs[key], errors="coerce")
     _fill_missing_keys(configs)
+    _judge_stalls(runs, history, configs)
     return RunSet(runs=runs, history=history, configs=configs, problems=problems)
+
+
+# --- stalled runs ---------------------------------------------------------------------------------------
+NOT_DATA_KEYS = ("data.cache_dir", "data.num_proc")  # where the tokens are cached, not which tokens
+
+
+def _data_identity(cfg: dict[str, Any] | None) -> str | None:
+    """The run's data settings (every ``data.*`` key but the cache's), or None without a config."""
+    if cfg is None:
+        return None
+    return json.dumps({k: str(v) for k, v in sorted(cfg.items()) if k.startswith("data.") and k not in NOT_DATA_KEYS})
+
+
+def _judge_stalls(runs: pd.DataFrame, history: dict[str, pd.DataFrame], configs: dict[str, dict[str, Any]]) -> None:
+    """Columns ``stalled`` (bool) and ``stall_reason`` of every run, by the loop's own rule (lm_ablate/stall.py)
+    from its val/loss curve, so records written before the loop recorded the flag are judged alike; only a
+    completed run can be stalled (a diverged one counts as diverged). A run whose summary lacks
+    ``unigram_loss`` takes that of the runs with the same data settings (same tokens, same level); a run
+    without any val/loss curve keeps the flag it recorded. ``log_vocab`` is filled from ``vocab_size``."""
+    ids = runs["run_id"].tolist()
+    level: dict[str, float] = {}
+    for r, u in zip(ids, runs[M.UNIGRAM_LOSS]):
+        key = _data_identity(configs.get(r))
+        if key is not None and math.isfinite(u):
+            level.setdefault(key, float(u))
+    unigram = [u if math.isfinite(u) else level.get(_data_identity(configs.get(r)) or "", math.nan)
+               for r, u in zip(ids, runs[M.UNIGRAM_LOSS])]  # fmt: skip
+    runs[M.UNIGRAM_LOSS] = unigram
+    vocab = pd.to_numeric(runs[M.VOCAB_SIZE], errors="coerce")
+    runs[M.LOG_VOCAB] = runs[M.LOG_VOCAB].where(runs[M.LOG_VOCAB].notna(), np.log(vocab.where(vocab > 0)))
+    flags, reasons = [], []
+    for r, status, u, recorded, why in zip(ids, runs[M.STATUS], unigram, runs[M.STALLED], runs[M.STALL_REASON]):
+        hist = history.get(r)
+        if status != M.STATUS_COMPLETED:
+            found = None
+        elif hist is not None and M.VAL_LOSS in hist.columns and hist[M.VAL_LOSS].notna().any():
+            found = stall.reason(stall.after_init(hist.index, hist[M.VAL_LOSS]), u)
+        else:
+            flagged = isinstance(recorded, (bool, np.bool_)) and bool(recorded)
+            found = (why if isinstance(why, str) else stall.UNIGRAM) if flagged else None
+        flags.append(found is not None)
+        reasons.append(found)
+    runs[M.STALLED] = pd.Series(flags, index=runs.index, dtype=bool)
+    runs[M.STALL_REASON] = reasons
 
 
 def merge(sets: Sequence[RunSet]) -> RunSet:
@@ -800,7 +861,7 @@ def merge(sets: Sequence[RunSet]) -> RunSet:
         for row in rs.runs.to_dict("records"):
             run_id = row["run_id"] if row["run_id"] not in seen else f"{i}:{row['run_id']}"
             seen.add(run_id)
-            values = {k: row.get(k) for k in SUMMARY_KEYS}
+            values = {k: row.get(k) for k in (*SUMMARY_KEYS, *downstream_keys(row))}
             extras = {k: v for k, v in row.items() if _is_extra(k)}
             cfg = rs.configs.get(row["run_id"])
             cfg = None if cfg is None else {k: v for k, v in cfg.items() if v != MISSING_VALUE}

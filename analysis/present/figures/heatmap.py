@@ -4,13 +4,12 @@ Drawn for a comparison whose contexts are the cells of exactly two other varied 
 with at least two values (``sweeps/prepost_map.yaml``: norm.placement compared within model.n_layers x
 optim.lr). One panel per non-baseline arm; each cell holds the comparison table's own numbers for that
 context: the difference of mean final validation loss (arm − baseline, completed runs) and its 95% interval,
-coloured on a diverging scale centred at 0 (red: the arm's loss is higher). Beneath them, per side, how many runs stalled or diverged, so a
-cell whose mean hides a failed run says so:
+coloured on a diverging scale centred at 0 (red: the arm's loss is higher). Beneath them, per side, how many runs
+stalled or diverged, so a cell whose mean hides a failed run says so:
 
 * **diverged**: the run ended on a non-finite loss or gradient (status ``diverged``; it has no final loss);
-* **stalled**: completed, but its validation loss fell by less than ``STALL_REL`` (relative) from its first
-  evaluation after step 0 to its last one, i.e. it stopped learning early (post-norm stuck at the unigram
-  loss shows up so). Runs with fewer than two evaluations after step 0 are never called stalled.
+* **stalled**: the runs table's ``stalled`` (analysis.sources.load judges every run by lm_ablate/stall.py, the
+  loop's own rule): completed, but on the data's unigram plateau or flat after its first evaluation.
 """
 
 from __future__ import annotations
@@ -23,27 +22,15 @@ import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
-from analysis.compute.compare import Axis, Comparison, find_axes
+from analysis.compute.compare import Axis, Comparison, find_axes, is_stalled
+from analysis.present.format import STALL_WORDS
 from analysis.present.style import PlotFigure, label_text, metric_title, png_bytes, slug
 from analysis.sources.load import RunSet
 from analysis.sources.values import override_text, value_order
 from lm_ablate import metrics as M
 
-STALL_REL = 0.015  # a completed run whose val loss fell < 1.5% after its first evaluation is "stalled"
 CELL_W, CELL_H = 1.45, 0.95  # inches per cell
 GREY = "#e6e6e6"
-
-
-def stalled(hist: pd.DataFrame | None) -> bool:
-    """Did the run stop learning after its first evaluation (see the module docstring)?"""
-    if hist is None or M.VAL_LOSS not in hist.columns:
-        return False
-    val = hist[M.VAL_LOSS]
-    val = val[(val.index > 0) & np.isfinite(val.to_numpy(dtype=float))]
-    if len(val) < 2:
-        return False
-    first, last = float(val.iloc[0]), float(val.iloc[-1])
-    return first - last < STALL_REL * abs(first)
 
 
 def grid_axes(rs: RunSet, comp: Comparison) -> tuple[Axis, Axis] | None:
@@ -63,7 +50,8 @@ def grid_axes(rs: RunSet, comp: Comparison) -> tuple[Axis, Axis] | None:
 def _counts(rs: RunSet, runs: list[str]) -> tuple[int, int, int]:
     """(runs, stalled, diverged)."""
     status = dict(zip(rs.runs["run_id"], rs.runs[M.STATUS]))
-    n_stalled = sum(status[r] == M.STATUS_COMPLETED and stalled(rs.history.get(r)) for r in runs)
+    flags = dict(zip(rs.runs["run_id"], rs.runs[M.STALLED])) if M.STALLED in rs.runs else {}
+    n_stalled = sum(is_stalled(flags.get(r)) for r in runs)
     n_diverged = sum(status[r] == M.STATUS_DIVERGED for r in runs)
     return len(runs), n_stalled, n_diverged
 
@@ -136,8 +124,7 @@ def heatmap_figures(rs: RunSet, comp: Comparison) -> list[PlotFigure]:
         "seeds, else Welch; the comparison table's numbers). Red: the arm's loss is higher. Grey: no difference "
         "(a side without a completed run)."
         + (
-            f" Under the numbers, per side: runs that diverged (no final loss) or stalled (completed, but val "
-            f"loss fell < {STALL_REL:.1%} after the first evaluation past step 0)."
+            f" Under the numbers, per side: runs that diverged (no final loss) or stalled ({STALL_WORDS})."
             if marked
             else " No run stalled or diverged."
         )

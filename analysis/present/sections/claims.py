@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.compute.best_lr import BestLR
 from analysis.compute.claims import (
     CONTRADICTED,
     HELD,
@@ -32,6 +33,7 @@ from analysis.compute.claims import (
     WHY_NO_SCALING,
     WHY_NOT_SCALING_BASELINE,
     WHY_NOT_VARIED,
+    WHY_STALLED,
     WHY_UNKNOWN_KEY,
     ClaimResult,
     ClaimSet,
@@ -47,7 +49,7 @@ MAX_CONTEXTS_IN_FINDING = 4
 METRIC_WORDS = {
     "final_val_loss": "final val loss",
     "best_val_loss": "best val loss",
-    "capped_val_loss": "final val loss capped at the step-0 loss (diverged = step-0 loss)",
+    "capped_val_loss": "final val loss capped at ln V (diverged = ln V)",
     "val_loss_at_context": "val loss at {k}x the training context",
     "extrapolation_gap": "val loss at {k}x minus at 1x the training context",
     "grad_norm_spike_rate": "grad-norm spikes per 1k steps",
@@ -57,6 +59,7 @@ METRIC_WORDS = {
     "init_grad_growth": "last-block / first-block grad norm at init",
     "lr_sensitivity": "LR sensitivity",
     "compute_multiplier": "compute multiplier",
+    "downstream": "{task} {kind}",  # the claim's task and kind: shakespeare_order acc
 }
 WHY_TEXT = {
     WHY_UNKNOWN_KEY: "a key it names is not a config key of these runs",
@@ -70,6 +73,7 @@ WHY_TEXT = {
     WHY_NO_SCALING: "the runs do not vary model size (no scaling fit)",
     WHY_NOT_SCALING_BASELINE: "compute multipliers are against the scaling study's baseline, not this one",
     WHY_NO_MULTIPLIER: "the scaling study has no multiplier for the arm there",
+    WHY_STALLED: "stalled seeds are no data points of an effect",
 }
 NOTE_TEXT = {
     NOTE_BEYOND_VALIDATED: "the fits are extrapolated further than the held-out rung checked them: read with care",
@@ -83,7 +87,8 @@ VERDICT_TEXT = {HELD: "held", CONTRADICTED: "contradicted", INCONCLUSIVE: "incon
 
 def metric_text(claim: Claim) -> str:
     k = override_text(claim.at) if claim.at is not None else "4"
-    return METRIC_WORDS.get(claim.metric, claim.metric).replace("{k}", k)
+    words = METRIC_WORDS.get(claim.metric, claim.metric).replace("{k}", k)
+    return words.replace("{task}", str(claim.task)).replace("{kind}", str(claim.kind))
 
 
 def _digits(claim: Claim) -> int:
@@ -153,10 +158,52 @@ def test_text(effect: Effect | None) -> str:
     return effect.test
 
 
+def stalled_text(result: ClaimResult) -> str:
+    """``2 of 3 seeds of pre stalled`` for each side with stalled seeds where it was decided; "" when none."""
+    c = result.claim
+    sides = ((override_text(c.arm), result.arm_stalled), (override_text(c.baseline), result.baseline_stalled))
+    return "; ".join(f"{k} of {n} seeds of {name} stalled" for name, (k, n) in sides if k)
+
+
 def reason_text(result: ClaimResult) -> str:
-    parts = [WHY_TEXT.get(result.why, result.why)] if result.why else []
+    if result.why == WHY_STALLED:
+        parts = [stalled_text(result)]
+    else:
+        parts = [WHY_TEXT.get(result.why, result.why)] if result.why else []
+        if stalled_text(result):  # a metric about failing to train: its stalled seeds are data, and said so
+            parts.append(stalled_text(result) + " (data of this metric)")
     if result.effect is not None:
         parts += [NOTE_TEXT.get(n, n) for n in result.effect.notes]
+    return "; ".join(parts)
+
+
+def best_lr_text(name: str, best: BestLR | None) -> str:
+    """``post at LR 0.003 (grid 0.001 0.003 0.01)``, with ``⚠ grid edge`` when it is at an end of its grid."""
+    if best is None:
+        return ""
+    grid = " ".join(override_text(v) for v in best.grid)
+    return f"{name} at LR {override_text(best.lr)}" + (" ⚠ grid edge" if best.at_edge else "") + f" (grid {grid})"
+
+
+def decided_at_text(result: ClaimResult) -> str:
+    """Where each side was taken when its LR was chosen per side; "" when the claim was decided at one setting."""
+    c = result.claim
+    parts = [best_lr_text(override_text(c.arm), result.arm_lr),
+             best_lr_text(override_text(c.baseline), result.baseline_lr)]  # fmt: skip
+    return "; ".join(p for p in parts if p)
+
+
+def seeds_text(result: ClaimResult) -> str:
+    """Each compared seed's value, per side, stalled ones marked: shown wherever a side has stalled seeds (a
+    bimodal cell is not to be read from its mean and interval alone)."""
+    e, c = result.effect, result.claim
+    if e is None or not (result.arm_stalled[0] or result.baseline_stalled[0]):
+        return ""
+    stalled = set(result.stalled_runs)
+    parts = []
+    for name, points in ((override_text(c.arm), e.arm_points), (override_text(c.baseline), e.baseline_points)):
+        shown = [value_text(v, c, signed=False) + (" (stalled)" if run in stalled else "") for run, _, v in points]
+        parts.append(f"{name} seeds: " + ", ".join(shown))
     return "; ".join(parts)
 
 
@@ -173,23 +220,32 @@ CLAIMS_INTRO = (
     "0 (of 1 for a ratio); contradicted: it lies on the other side; for 'equal within a margin', held when "
     "the 90% interval lies inside the margin (two one-sided tests at 5%, TOST) and contradicted when the 95% "
     "interval lies entirely outside it; inconclusive otherwise; untested when the runs hold no value for one "
-    "side. A claim that applies to several contexts (values of the other varied axes) is decided in each."
+    "side. A claim that applies to several contexts (values of the other varied axes) is decided in each. "
+    "Each side is taken at its own best learning rate (the LR of its grid with the lowest mean final val loss "
+    "over its completed seeds; 'decided at' says which, ⚠ at an end of the grid) unless the claim pins the LR "
+    "in its context (a claim about a fixed regime). A side with stalled seeds where it is decided (on the "
+    "data's unigram plateau or flat: lm_ablate/stall.py) makes the claim inconclusive, its seeds listed one by "
+    "one, unless the metric is about failing to train (capped val loss, LR sensitivity), where a stalled run "
+    "is a data point. Capped val loss caps every run at ln V, the uniform prediction's loss (a diverged run "
+    "counts as ln V)."
 )
 
 
 def claims_blocks(claims: ClaimSet) -> list[Block]:
     """Heading, the rule, the table (one row per claim and context), and any claim-definition problems."""
-    headers = ["claim", "expected", "context", "effect [95% CI]", "test", "verdict"]
+    headers = ["claim", "expected", "context", "decided at", "effect [95% CI]", "test", "verdict"]
     rows = []
     for r in claims.results:
         c, e = r.claim, r.effect
         effect = f"{comparison_text(c)} = {effect_text(e, c)}" if e is not None else "–"
         if e is not None and c.expect == EQUAL and interval_text(e.low90, e.high90, c):
             effect += f"; 90% CI {interval_text(e.low90, e.high90, c)}"
+        if seeds_text(r):
+            effect += f"; {seeds_text(r)}"
         note = reason_text(r)
         rows.append([
-            f"{c.id}: {c.statement.rstrip('.')} ({c.source})", expectation_text(c), r.context, effect, test_text(e),
-            VERDICT_TEXT[r.verdict] + (f" ({note})" if note else ""),
+            f"{c.id}: {c.statement.rstrip('.')} ({c.source})", expectation_text(c), r.context,
+            decided_at_text(r) or "–", effect, test_text(e), VERDICT_TEXT[r.verdict] + (f" ({note})" if note else ""),
         ])  # fmt: skip
     # the effect is text that wraps (two intervals for an "equal" claim), not a one-line number
     out: list[Block] = [Heading(2, "Claims"), Para(CLAIMS_INTRO), Table(headers, rows)]
@@ -226,6 +282,8 @@ def claim_finding(claims: ClaimSet, claim: Claim) -> str:
     for r in tested[:MAX_CONTEXTS_IN_FINDING]:
         where = "" if r.context == "all runs" else f" at {r.context}"
         verdict = f" ({VERDICT_TEXT[r.verdict]})" if len(results) > 1 else ""
+        if r.why == WHY_STALLED:
+            verdict = f" ({VERDICT_TEXT[r.verdict]}: {stalled_text(r)})"
         parts.append(f"{effect_text(r.effect, claim)}{where}{verdict}")
     more = len(tested) - MAX_CONTEXTS_IN_FINDING
     tail = f"; {more} more in the Claims table" if more > 0 else ""
@@ -253,7 +311,10 @@ def findings(claims: ClaimSet | None, effects: pd.DataFrame, baselines: dict[str
             for _, row in effects.iterrows()
         ]
     else:
-        items.append("No arm's final val loss differs from its baseline's with a 95% interval that excludes 0.")
+        items.append(
+            "No arm's final val loss differs from its baseline's with a 95% interval that excludes 0 (cells where "
+            "either side has stalled seeds are not counted)."
+        )
     return items
 
 

@@ -4,13 +4,15 @@ and the closing "How to read this"."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 
 from analysis.compute.compare import ALL_RUNS, TEST_PAIRED, TEST_WELCH, Comparison, key_label
 from analysis.present.document import Block, Fig, Heading, Para, Table
-from analysis.present.format import count, delta_text, mean_pm, p_text, rate_text, ratio_text
+from analysis.present.format import STALL_WORDS, count, delta_text, finite, mean_pm, p_text, rate_text, ratio_text
 from analysis.present.style import PlotFigure
+from analysis.sources.load import DOWNSTREAM_KEY
 from lm_ablate import metrics as M
 
 
@@ -22,23 +24,79 @@ def _pm(row: pd.Series, metric: str, digits: int = 4, comma: bool = False) -> st
     return mean_pm(*(row[f"{metric}_{s}"] for s in ("mean", "ci_low", "ci_high")), digits, comma)
 
 
+def seed_values(text: str) -> str:
+    """``0:2.61 1:3.31*`` (compute/compare.py's seed_finals) as ``2.6100, 3.3100 (stalled)``, seed order."""
+    out = []
+    for item in str(text).split():
+        _, _, value = item.partition(":")
+        stalled = value.endswith("*")
+        out.append(f"{float(value.rstrip('*')):.4f}" + (" (stalled)" if stalled else ""))
+    return ", ".join(out)
+
+
 def test_text(row: pd.Series) -> str:
     if row["is_baseline"] or not row.get("test"):
         return ""
-    if row["test"] == TEST_PAIRED:
-        return f"paired t ({int(row['n_pairs'])} seeds)"
-    return "Welch t" if row["test"] == TEST_WELCH else str(row["test"])
+    return test_name(row["test"], row["n_pairs"])
+
+
+def test_name(test: str, n_pairs: Any) -> str:
+    """``paired t (3 seeds)`` or ``Welch t``: the test a Δ and its interval came from."""
+    if test == TEST_PAIRED:
+        return f"paired t ({int(n_pairs)} seeds)"
+    return "Welch t" if test == TEST_WELCH else str(test)
+
+
+def score_label(score: str) -> str:
+    """``downstream/shakespeare_order/acc`` as a column names it: ``shakespeare_order acc``."""
+    m = DOWNSTREAM_KEY.match(score)
+    return f"{m.group(1)} {m.group(2)}" if m else score
+
+
+def shown_scores(comp: Comparison) -> tuple[list[str], list[str]]:
+    """(downstream metrics the table shows, those left out): a task's acc_norm is left out where it equals its acc
+    in every row (the choices have the same characters, as in shakespeare_order); comparisons.csv keeps both."""
+    table, shown, same = comp.table, [], []
+    for score in comp.scores:
+        m = DOWNSTREAM_KEY.match(score)
+        acc = M.downstream(m.group(1), "acc") if m and m.group(2) == "acc_norm" else None
+        same_as_acc = acc in comp.scores and all(
+            table[f"{score}{part}"].equals(table[f"{acc}{part}"]) for part in ("_mean", "_ci_low", "_ci_high")
+        )
+        if same_as_acc:
+            same.append(score)
+        else:
+            shown.append(score)
+    return shown, same
+
+
+def score_delta_text(row: pd.Series, score: str) -> str:
+    """Δ arm − baseline of a downstream metric with its 95% interval, as final val loss's Δ; the test is named
+    when it is not the one the row's final val loss used (a seed without the score, say)."""
+    if row["is_baseline"]:
+        return "baseline"
+    d, lo, hi = (row[f"delta_{score}{s}"] for s in ("", "_ci_low", "_ci_high"))
+    if not finite(d):
+        return "–"
+    text = f"{d:+.4f}" + (f" [{lo:+.4f}, {hi:+.4f}]" if finite(lo) and finite(hi) else "")
+    test, pairs = row[f"delta_{score}_test"], row[f"delta_{score}_n_pairs"]
+    if test and (test, int(pairs)) != (row.get("test"), int(row["n_pairs"])):
+        text += f" ({test_name(test, pairs)})"
+    return text
 
 
 def _comparison_table(comp: Comparison) -> Table:
+    scores, _ = shown_scores(comp)
+    extra = [h for s in scores for h in (f"{score_label(s)} (mean ± 95% CI)", f"Δ {score_label(s)} [95% CI]")]
     headers = [
-        "context", "arm", "runs", "completed", "diverged", "other", "final val loss (mean ± 95% CI)",
-        "Δ vs baseline [95% CI]", "p", "test", "best val loss", "grad-norm spikes", "loss spikes",
+        "context", "arm", "runs", "completed", "diverged", "stalled", "other", "final val loss (mean ± 95% CI)",
+        "Δ vs baseline [95% CI]", "p", "test", *extra, "best val loss", "grad-norm spikes", "loss spikes",
         "spikes / 1k steps (grad norm, loss)", "divergence rate", "tokens/s", "tokens/s ratio",
         "params (total / non-emb.)",
     ]  # fmt: skip
     rows = []
     for _, r in comp.table.iterrows():
+        shown = [text for s in scores for text in (_pm(r, s), score_delta_text(r, s))]
         rows.append(
             [
                 r["context"],
@@ -46,11 +104,13 @@ def _comparison_table(comp: Comparison) -> Table:
                 str(r["n_runs"]),
                 str(r["n_completed"]),
                 str(r["n_diverged"]),
+                str(r["n_stalled"]),
                 str(r["n_other"]),
-                _pm(r, M.FINAL_VAL_LOSS),
+                _pm(r, M.FINAL_VAL_LOSS) + (f"; seeds {seed_values(r['seed_finals'])}" if r["n_stalled"] else ""),
                 delta_text(r),
                 "" if r["is_baseline"] else p_text(r["p_value"]),
                 test_text(r),
+                *shown,
                 _pm(r, M.BEST_VAL_LOSS),
                 _pm(r, M.GRAD_NORM_SPIKES, digits=1),
                 _pm(r, M.LOSS_SPIKES, digits=1),
@@ -61,7 +121,8 @@ def _comparison_table(comp: Comparison) -> Table:
                 f"{count(r[M.PARAMS_TOTAL])} / {count(r[M.PARAMS_NON_EMBEDDING])}",
             ]
         )
-    return Table(headers, rows, frozenset(range(2, len(headers))) - {9})
+    left = {headers.index("final val loss (mean ± 95% CI)"), headers.index("test")}
+    return Table(headers, rows, frozenset(range(2, len(headers))) - left)
 
 
 def comparison_blocks(comp: Comparison, index: int, figures: list[PlotFigure]) -> list[Block]:
@@ -76,11 +137,36 @@ def comparison_blocks(comp: Comparison, index: int, figures: list[PlotFigure]) -
         if comp.contexts != [ALL_RUNS]
         else "No other axis varies: one context holds all runs."
     )
-    text += " Means and Δ use completed runs only; diverged and unfinished runs are counted, not averaged."
+    text += (
+        " Means and Δ use completed runs only; diverged and unfinished runs are counted, not averaged. "
+        "Stalled runs (on the data's unigram plateau or flat; see 'How to read this') are in the means and "
+        "counted; where an arm has any, its seeds are listed one by one."
+    )
+    text += scores_text(comp)
     out += [Para(text), _comparison_table(comp)]
     for fig in figures:
         out.append(Fig(fig, f"fig{index:02d}_{fig.name}.png"))
     return out
+
+
+def scores_text(comp: Comparison) -> str:
+    """What the downstream columns hold, when the table has any ("" otherwise: the paragraph is as before)."""
+    shown, same = shown_scores(comp)
+    if not shown:
+        return ""
+    text = (
+        " Downstream scores (the eval group, docs/evaluation.md): each completed run's last evaluation, mean ± "
+        "95% CI over seeds, and Δ arm − baseline with its 95% interval by the test final val loss uses (paired by "
+        "seed where both arms have two seeds with the score, else Welch); acc and acc_norm are fractions right "
+        "(higher is better), bpb bits per byte of the right answer (lower is better)."
+    )
+    if same:
+        text += (
+            " Not shown, equal to acc in every row (comparisons.csv has them): "
+            + ", ".join(map(score_label, same))
+            + "."
+        )
+    return text
 
 
 HOW_TO_READ = (
@@ -97,10 +183,13 @@ HOW_TO_READ = (
     "see lm_ablate.metrics.SpikeDetector); spikes per 1k steps pool completed and diverged runs (total "
     "spikes / total steps × 1000); the divergence rate is diverged runs over all runs of the arm. tokens/s "
     "counts the training step only (no evaluation); the ratio is arm over baseline in the same context. "
-    "Diverged runs (a non-finite loss or gradient norm) are counted and listed, never averaged. LR "
-    "sensitivity (Wortsman et al. 2023) is E_lr[min(loss(lr), loss_init) − loss*] over an arm's LR grid: "
-    "each run's final val loss is capped at its loss at initialisation (the val loss logged at step 0), a "
-    "diverged run counts as its init loss, loss(lr) is the mean over seeds, loss* the arm's best loss(lr), "
+    "Diverged runs (a non-finite loss or gradient norm) are counted and listed, never averaged. A stalled "
+    f"run never learned past token frequencies: {STALL_WORDS}. A cell with stalled seeds is bimodal, so its "
+    "seeds are listed and a claim decided on it is inconclusive. LR "
+    "sensitivity (Wortsman et al. 2023) is E_lr[min(loss(lr), ln V) − loss*] over an arm's LR grid: "
+    "each run's final val loss is capped at ln V, the loss of the uniform prediction over its vocabulary (where "
+    "a standard init starts; an init with large logits starts far above it, so its step-0 loss would bound "
+    "nothing), a diverged run counts as ln V, loss(lr) is the mean over seeds, loss* the arm's best loss(lr), "
     "and the expectation a plain mean over the LRs tried; it is 0 when every LR does as well as the best, "
     "and comparable between arms only over the same grid."
 )

@@ -19,9 +19,11 @@ def _best_lr_blocks(best: BestLRComparison) -> list[Block]:
     for _, b in best.table.iterrows():
         row = b.rename({"baseline": "is_baseline"})
         lr = override_text(b["best_lr"]) if finite(b["best_lr"]) else "–"
+        stalled = int(b["n_stalled_at_best"])
         rows.append([
             b["context"], lr + (" ⚠ grid edge" if b["best_at_edge"] else ""),
-            mean_pm(b[f"{M.FINAL_VAL_LOSS}_mean"], b[f"{M.FINAL_VAL_LOSS}_ci_low"], b[f"{M.FINAL_VAL_LOSS}_ci_high"]),
+            mean_pm(b[f"{M.FINAL_VAL_LOSS}_mean"], b[f"{M.FINAL_VAL_LOSS}_ci_low"], b[f"{M.FINAL_VAL_LOSS}_ci_high"])
+            + (f" ({stalled} of {int(b[f'{M.FINAL_VAL_LOSS}_n'])} stalled)" if stalled else ""),
             delta_text(row), p_text(b.get("p_value")), test_text(row),
         ])  # fmt: skip
     headers = ["arm", "its best LR", "final val loss there (mean ± 95% CI)", "Δ vs baseline at its best", "p", "test"]
@@ -44,9 +46,11 @@ def lr_blocks(sweep: LRSweep, figures: list[PlotFigure], at_best: BestLRComparis
         Para(
             f"{sweep.axis.label} varies ({len(sweep.lrs)} values). Per arm (the values of the other varied "
             "axes): the LR with the lowest mean final val loss over completed runs (⚠ at an end of the grid: "
-            "the optimum may lie beyond it), and the LR sensitivity E_lr[min(loss(lr), loss_init) − loss*] "
-            "(Wortsman et al. 2023; diverged runs count as their init loss; see 'How to read this'). Lower "
-            "sensitivity: the arm tolerates a wider range of learning rates."
+            "the optimum may lie beyond it), and the LR sensitivity E_lr[min(loss(lr), ln V) − loss*] "
+            "(Wortsman et al. 2023; capped at ln V, the uniform prediction's loss, and diverged runs count as "
+            "ln V; see 'How to read this'). Lower sensitivity: the arm tolerates a wider range of learning rates. "
+            "Stalled runs (completed, but on the data's unigram plateau or flat; lm_ablate/stall.py) are "
+            "counted beside the means they are part of."
         ),
     ]
     rows = []
@@ -55,22 +59,23 @@ def lr_blocks(sweep: LRSweep, figures: list[PlotFigure], at_best: BestLRComparis
         rows.append([
             b["context"], b["lr_grid"], best + (" ⚠ grid edge" if b["best_at_edge"] else ""),
             mean_pm(b[f"{final}_mean"], b[f"{final}_ci_low"], b[f"{final}_ci_high"]),
-            str(int(b[f"{final}_n"])), str(int(b["n_diverged_at_best"])), str(int(b["n_diverged"])),
-            num(b["lr_sensitivity"]), num(b["loss_init"]), num(b["loss_star"]),
+            str(int(b[f"{final}_n"])), str(int(b["n_diverged_at_best"])), str(int(b["n_stalled_at_best"])),
+            str(int(b["n_diverged"])), num(b["lr_sensitivity"]), num(b["loss_cap"]), num(b["loss_star"]),
         ])  # fmt: skip
     headers = [
         "arm", "LR grid", "best LR", "final val loss at best (mean ± 95% CI)", "seeds", "diverged at best",
-        "diverged (all LRs)", "LR sensitivity", "loss at init", "loss*",
+        "stalled at best", "diverged (all LRs)", "LR sensitivity", "cap (ln V)", "loss*",
     ]  # fmt: skip
-    out.append(Table(headers, rows, frozenset({3, 4, 5, 6, 7, 8, 9})))
+    out.append(Table(headers, rows, frozenset({3, 4, 5, 6, 7, 8, 9, 10})))
     point_rows = [
         [p["context"], override_text(p["lr"]), str(p["n_runs"]), str(p["n_completed"]), str(p["n_diverged"]),
-         mean_pm(p[f"{final}_mean"], p[f"{final}_ci_low"], p[f"{final}_ci_high"]), num(p["capped_loss"])]
+         str(p["n_stalled"]), mean_pm(p[f"{final}_mean"], p[f"{final}_ci_low"], p[f"{final}_ci_high"]),
+         num(p["capped_loss"])]
         for _, p in sweep.points.iterrows()
     ]  # fmt: skip
     out.append(Details(f"Every arm × LR: {len(point_rows)} rows", [Table(
-        ["arm", "LR", "runs", "completed", "diverged", "final val loss (mean ± 95% CI)",
-         "loss(lr) for sensitivity"], point_rows, frozenset({2, 3, 4, 5, 6}))]))  # fmt: skip
+        ["arm", "LR", "runs", "completed", "diverged", "stalled", "final val loss (mean ± 95% CI)",
+         "loss(lr) for sensitivity"], point_rows, frozenset({2, 3, 4, 5, 6, 7}))]))  # fmt: skip
     if sweep.left_out:
         out.append(Bullets([f"{sweep.left_out} run(s) without a positive numeric {sweep.axis.name} left out"]))
     if at_best is not None:

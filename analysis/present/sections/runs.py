@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from analysis.compute.compare import ComparisonSet
+from analysis.compute.compare import ComparisonSet, is_stalled
 from analysis.present.document import Block, Bullets, Heading, Para, Table
-from analysis.present.format import count, num
+from analysis.present.format import STALL_WORDS, count, num
 from analysis.sources.load import RunSet
 from analysis.sources.values import override_text
 from lm_ablate import metrics as M
@@ -36,7 +36,7 @@ def runs_blocks(rs: RunSet, cs: ComparisonSet) -> list[Block]:
             str(r[M.RUN_NAME]),
             cs.run_label(r["run_id"], rs.configs),
             override_text(rs.configs.get(r["run_id"], {}).get(M.SEED, r[M.SEED])),
-            str(r[M.STATUS]),
+            str(r[M.STATUS]) + (f", stalled ({r[M.STALL_REASON]})" if is_stalled(r.get(M.STALLED)) else ""),
             num(r[M.FINAL_VAL_LOSS]),
             num(r[M.BEST_VAL_LOSS]),
             count(r[M.STEPS]),
@@ -59,7 +59,10 @@ def runs_blocks(rs: RunSet, cs: ComparisonSet) -> list[Block]:
     ]
     return [
         Heading(2, "All runs"),
-        Para("Final and best validation loss as each run recorded them (for unfinished runs: the last evaluation)."),
+        Para(
+            "Final and best validation loss as each run recorded them (for unfinished runs: the last evaluation). "
+            f"Stalled: {STALL_WORDS}."
+        ),
         Table(headers, rows, frozenset(range(5, 10))),
     ]
 

@@ -46,7 +46,9 @@ def summary_blocks(
             if axis in size_axes:
                 continue
             values = ", ".join(override_text(v) for v in cs.values[axis.name])
-            along = f" (changes together with {keys_text(axis.keys[1:])})" if len(axis.keys) > 1 else ""
+            parts = [f"changes together with {keys_text(axis.keys[1:])}"] if len(axis.keys) > 1 else []
+            parts += [f"its options' own keys, null where unread: {keys_text(axis.own)}"] if axis.own else []
+            along = f" ({'; '.join(parts)})" if parts else ""
             items.append(f"Varied: {axis.label} = {values}{along}.")
     else:
         items.append("Varied: no config key differs between the runs, so there is nothing to compare.")

@@ -1,0 +1,112 @@
+"""Fair verdicts (issue 23.5): stalled seeds make a claim inconclusive, each side is taken at its own best LR, and
+a run that fails to train is capped at ln V, not at its step-0 loss.
+
+The run sets are built by hand (tests/test_claims.py's ``runset``); every expected number is the paired t
+interval written out with scipy on the runs the rule says to compare.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from analysis.compute.claims import CONTRADICTED, HELD, INCONCLUSIVE, WHY_STALLED, evaluate_claims
+from analysis.present.document import render_markdown
+from analysis.present.sections.claims import claims_blocks, reason_text
+from lm_ablate import metrics as M
+from lm_ablate.config import ConfigError
+from tests.test_claims import claim, paired_interval, runset
+
+STALLED = {M.STALLED: True, M.STALL_REASON: "unigram"}
+
+
+def bimodal(flags: bool) -> object:
+    """post trained in every seed; pre on the unigram plateau in seeds 0 and 1 (3.30, 3.31), trained in seed 2."""
+    pre = [(3.30, True), (3.31, True), (3.05, False)]
+    post = [2.50, 2.52, 2.51]
+    specs = [(("pre",), s, {M.FINAL_VAL_LOSS: v, **(STALLED if flags and st else {})}) for s, (v, st) in enumerate(pre)]
+    specs += [(("post",), s, {M.FINAL_VAL_LOSS: v}) for s, v in enumerate(post)]
+    return runset(specs)
+
+
+def test_a_baseline_with_stalled_seeds_makes_the_claim_inconclusive_with_the_count():
+    c = claim(expect="lower")
+    (without,) = evaluate_claims(bimodal(flags=False), [c]).results
+    d, lo, hi = paired_interval([2.50, 2.52, 2.51], [3.30, 3.31, 3.05])
+    assert (without.effect.estimate, without.effect.low95, without.effect.high95) == pytest.approx((d, lo, hi))
+    assert hi < 0 and without.verdict == HELD  # the mean and t interval alone would call it held
+    (res,) = evaluate_claims(bimodal(flags=True), [c]).results
+    assert (res.verdict, res.why) == (INCONCLUSIVE, WHY_STALLED)
+    assert (res.baseline_stalled, res.arm_stalled) == ((2, 3), (0, 3))
+    assert res.effect.estimate == pytest.approx(d)  # the numbers stay, only the verdict is withheld
+    assert reason_text(res) == "2 of 3 seeds of pre stalled"
+    md = render_markdown(claims_blocks(evaluate_claims(bimodal(flags=True), [c])))
+    # a bimodal cell is shown seed by seed, not as a mean alone
+    assert "pre seeds: 3.3000 (stalled), 3.3100 (stalled), 3.0500" in md and "inconclusive (2 of 3 seeds" in md
+
+
+def test_a_metric_about_failing_to_train_counts_stalled_seeds_as_data():
+    (res,) = evaluate_claims(bimodal(flags=True), [claim(metric="capped_val_loss", expect="lower")]).results
+    assert res.verdict == HELD and res.why == "" and res.baseline_stalled == (2, 3)
+    assert reason_text(res) == "2 of 3 seeds of pre stalled (data of this metric)"
+
+
+# post is best at the top of the grid, pre at the bottom; at the LR they share in the middle post is worse
+GRID = {
+    "post": {3e-3: [2.80, 2.82, 2.81], 6e-3: [2.60, 2.62, 2.61], 1.2e-2: [2.40, 2.43, 2.41]},
+    "pre": {3e-3: [2.50, 2.52, 2.49], 6e-3: [2.55, 2.56, 2.54], 1.2e-2: [2.90, 2.85, 2.95]},
+}
+
+
+def lr_grid_runs() -> object:
+    specs = [((arm, lr), s, {M.FINAL_VAL_LOSS: v}) for arm, grid in GRID.items()
+             for lr, values in grid.items() for s, v in enumerate(values)]  # fmt: skip
+    return runset(specs, ("optim.lr",))
+
+
+def test_a_claim_compares_each_sides_best_lr_not_a_shared_one():
+    (res,) = evaluate_claims(lr_grid_runs(), [claim(expect="lower")]).results
+    d, lo, hi = paired_interval(GRID["post"][1.2e-2], GRID["pre"][3e-3])
+    assert res.context == "all runs"  # the LR is no context: it was tuned per side
+    assert (res.effect.estimate, res.effect.low95, res.effect.high95) == pytest.approx((d, lo, hi))
+    assert res.verdict == HELD
+    assert (res.arm_lr.lr, res.arm_lr.at_edge, res.baseline_lr.lr, res.baseline_lr.at_edge) == (
+        1.2e-2,
+        True,
+        3e-3,
+        True,
+    )
+    assert res.arm_lr.grid == (3e-3, 6e-3, 1.2e-2)
+    # a claim about a fixed regime pins the LR in its context: decided there, post is worse
+    (pinned,) = evaluate_claims(lr_grid_runs(), [claim(expect="lower", context={"optim.lr": 6e-3})]).results
+    d, lo, hi = paired_interval(GRID["post"][6e-3], GRID["pre"][6e-3])
+    assert (pinned.effect.estimate, pinned.verdict, pinned.arm_lr) == (pytest.approx(d), CONTRADICTED, None)
+
+
+def test_the_cap_of_a_run_that_fails_to_train_is_ln_v():
+    """No-norm at unit init starts near 450 nats: its step-0 loss would cap nothing. A diverged run and a completed
+    one that ended above ln V both count as ln V = ln 256 for a byte vocabulary."""
+    cap = math.log(256)
+    post = [
+        {M.FINAL_VAL_LOSS: math.nan, "init_val_loss": 451.0, "status": M.STATUS_DIVERGED},
+        {M.FINAL_VAL_LOSS: 300.0, "init_val_loss": 447.0},
+        {M.FINAL_VAL_LOSS: 2.9, "init_val_loss": 449.0},
+    ]
+    pre = [2.50, 2.60, 2.55]
+    specs = [(("post",), s, {**v, M.VOCAB_SIZE: 256}) for s, v in enumerate(post)]
+    specs += [(("pre",), s, {M.FINAL_VAL_LOSS: v, "init_val_loss": 5.6, M.VOCAB_SIZE: 256}) for s, v in enumerate(pre)]
+    (res,) = evaluate_claims(runset(specs), [claim(metric="capped_val_loss", expect="higher")]).results
+    assert [v for _, _, v in res.effect.arm_points] == pytest.approx([cap, cap, 2.9])
+    d, lo, _ = paired_interval([cap, cap, 2.9], pre)
+    assert (res.effect.estimate, res.effect.low95) == pytest.approx((d, lo))
+
+
+def test_a_claim_about_failing_to_train_says_its_stalled_seeds_are_data():
+    """``counts_failures: true`` ("post-norm trains worse, or not at all"): the same bimodal runs decide it."""
+    c = claim(expect="lower", counts_failures=True)
+    (res,) = evaluate_claims(bimodal(flags=True), [c]).results
+    assert (res.verdict, res.why, res.baseline_stalled) == (HELD, "", (2, 3))
+    assert c.as_dict()["counts_failures"] is True and "counts_failures" not in claim().as_dict()
+    with pytest.raises(ConfigError, match=r"^claims\[c\]\.counts_failures='yes' is invalid: must be true or false"):
+        claim(counts_failures="yes")
