@@ -111,6 +111,8 @@ def build_report(
         if scaling is not None:
             write_table(scaling.table, out, "scaling")
             write_table(scaling.rung_table, out, "scaling_rungs")
+            write_table(scaling.forms_table, out, "scaling_forms")  # every form side by side
+            write_table(scaling.ranking_table, out, "scaling_ranking")  # the single-rung ranking
         path = out / "report.html"
         path.write_text(render_html(blocks, title), encoding="utf-8")
     except OSError as err:

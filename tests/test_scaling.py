@@ -53,7 +53,8 @@ def law(c: float, mult: float = 1.0, E: float = E0, A: float = A0, alpha: float 
 
 
 def write_one(root: Path, job: int, arm: str, rung: int, seed: int, loss: float, *, status: str = M.STATUS_COMPLETED,
-              lr: float = 3e-3, ladder: bool = True, model: str | None = None, n_heads: int = 4) -> None:  # fmt: skip
+              lr: float = 3e-3, ladder: bool = True, model: str | None = None, n_heads: int = 4,
+              fit: str | None = None) -> None:  # fmt: skip
     n = n_params(rung)
     cfg = {
         "model": {"name": model or "ladder", "d_model": 32 * (rung + 1), "n_layers": 2 + rung, "n_heads": n_heads},
@@ -64,7 +65,7 @@ def write_one(root: Path, job: int, arm: str, rung: int, seed: int, loss: float,
         "study": "ladder",
     }
     if ladder:
-        cfg["ladder"] = {"name": "cpu", "rung": rung, "tokens_per_param": 20}
+        cfg["ladder"] = {"name": "cpu", "rung": rung, "tokens_per_param": 20, **({"fit": fit} if fit else {})}
     summary = {
         M.STATUS: status, M.RUN_NAME: f"{arm}-r{rung}-s{seed}", M.SEED: seed, M.FINAL_VAL_LOSS: loss,
         M.BEST_VAL_LOSS: loss, M.PARAMS_NON_EMBEDDING: n, M.PARAMS_TOTAL: n + 4096, "flops_per_token": 6.0 * n,
@@ -230,21 +231,23 @@ def test_identical_arms_give_exactly_one(tmp_path):
             job += 1
     st = study_of(tmp_path)
     assert st.arms[0].fit == st.arms[1].fit
-    for m in st.multipliers:
+    for m in st.form_multipliers["per_arm"]:  # each arm its own fit: the same numbers, exactly 1
         assert (m.cm, m.low, m.high) == (1.0, 1.0, 1.0) and m.includes_one
-    curve = st.curves[0]
+    curve = st.form_curves["per_arm"][0]
     assert (curve.cm == 1.0).all() and (curve.low == 1.0).all() and (curve.high == 1.0).all()
+    for m in st.multipliers:  # one joint fit: 1 up to the solver's rounding
+        assert (m.cm, m.low, m.high) == pytest.approx((1.0, 1.0, 1.0), abs=1e-9) and m.includes_one
 
 
 def test_infinite_multiplier_is_reported_not_raised(tmp_path):
     """Arm rmsnorm has a lower floor E than the baseline: far enough out its loss is one the baseline never
-    reaches."""
+    reaches (each arm its own E: ladder.fit=per_arm)."""
     job = 0
     laws = {"layernorm": dict(E=2.0), "rmsnorm": dict(E=1.0, A=A0 * 1.7)}
     for arm, kw in laws.items():
         for k in range(5):
             for s in range(3):
-                write_one(tmp_path, job, arm, k, s, law(compute(k), **kw) * (1 + 0.001 * (s - 1)))
+                write_one(tmp_path, job, arm, k, s, law(compute(k), **kw) * (1 + 0.001 * (s - 1)), fit="per_arm")
                 job += 1
     st = study_of(tmp_path)
     far = st.multipliers[-1]

@@ -1,4 +1,5 @@
-"""Scaling fits per arm, compute multipliers against the baseline, and a held-out-rung check: numbers only.
+"""Scaling fits (per arm and joint across arms), compute multipliers against the baseline, held-out checks, the
+single-rung ranking and two-step task prediction: numbers only.
 
 A study that trains every arm at several model sizes (the rungs of a ladder) asks whether a difference between
 arms survives scale. This module turns the runs of such a study into fits, intervals and warning codes; the
@@ -20,7 +21,34 @@ interval               95% percentile bootstrap: seeds resampled within each    
                        rung (modified residuals), every resample refitted        Davison & Hinkley 1997
 held-out error         |L̂₋(C_top) − L̄_top| / L̄_top, L̂₋ fitted without the arm's  Bhagia et al. 2024 (OLMo
                        largest rung, L̄_top that rung's mean loss over seeds      ladder), section 3
+joint forms            shared E (and α); L(N, D) = E + A/N^a + B/D^b with       Hoffmann et al. 2022; OLMo-core
+                       several budgets per rung; compute-optimal frontier        ladder analysis (fixed E);
+                       (analysis/compute/scaling_forms.py)                       Besiroglu et al. 2024
+single-rung ranking    mean loss of arm − baseline per (rung, budget), paired    DataDecide (Magnusson et al.
+                       t (Welch when the seeds differ)                           2025)
+task prediction        compute → task BPB (per arm) → accuracy (one sigmoid)     Bhagia et al. 2024
+                       (analysis/compute/task_scaling.py)
 =====================  ========================================================  ==============================
+
+Forms and the one the claims use. Every form of scaling_forms.FORMS is fitted to all arms at once (per_arm,
+shared_e, shared_e_alpha; with several budgets per rung also nd_per_arm, nd_shared_e, nd_shared_exponents), each
+with its bootstrap, its largest-rung check (every arm's largest rung left out at once) and, with three budgets or
+more, a leave-one-budget-out check. ``ladder.fit`` (recorded in every run) names the form ``multipliers`` (and so
+the claims) come from; ``auto`` takes shared_e (nd_shared_e with several budgets) when the arms were trained on
+the same data with the same tokenizer (every ``data.*`` key and the vocabulary agree), each arm its own fit
+otherwise, and keeps it unless its held-out score (the worst relative error over arms and checks) is above
+HELD_OUT_GOAL while another form's is within it (scaling_forms.choose). A form named by hand that cannot be
+fitted here is one line: L(N, D) without several budgets, a shared form across arms on different data, fewer
+(arm, rung, budget) points than parameters. Each arm needs MIN_RUNGS_TO_FIT rungs in every form.
+
+Budgets (``ladder.budgets``, WSD-S branches: lm_ablate/budgets.py): a cell is (arm, rung, budget), the budget
+``ladder.budget`` of the record (else the largest of ``ladder.budgets``, else 1). N is the parameter count
+``ladder.params`` names (non-embedding unless total), D the run's tokens. The branches of a rung share its seeds,
+so the bootstrap draws the same seeds for every budget of a rung.
+
+Also: stalled runs (summary.json ``stalled``, the stall rule of the fair-verdicts issue) are counted per cell and
+warned about (they stay in the fit: dropping them would bias it), every cell that departs from the chosen fit by
+more than HELD_OUT_GOAL is warned about, and the single-rung ranking is computed at every (rung, budget).
 
 Which runs enter a fit. The size dimension is ``ladder.rung`` when the configs have it; otherwise model size,
 when the non-embedding parameter count differs between the values of a varied ``model.*`` shape axis
@@ -56,6 +84,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings as py_warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,10 +93,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.compute import scaling_forms as SF
 from analysis.compute.compare import LR_KEY, Axis, find_axes, is_candidate, parse_baseline
+from analysis.compute.scaling_forms import FORMS, FormFit, lm_huber
+from analysis.compute.stats import paired, welch
+from analysis.compute.task_scaling import task_study
 from analysis.sources.load import MISSING_VALUE, AnalysisError, RunSet
 from analysis.sources.values import launch_order, matches_text, override_text, value_order
 from lm_ablate import metrics as M
+from lm_ablate.validation import FIT_FORMS
 
 RUNG_KEY = "ladder.rung"
 LADDER_PREFIX = "ladder."
@@ -112,6 +146,17 @@ W_HELD_OUT_ABOVE_GOAL = "held_out_above_goal"  # arm, value = relative error (> 
 W_NO_BASELINE_FIT = "no_baseline_fit"  # arm = the baseline: no compute multipliers
 W_CM_INFINITE = "cm_infinite"  # arm, value = compute: L_X(C) ≤ E_base (point estimate): CM = +inf
 W_BASELINE_NOT_ARM = "baseline_not_arm"  # value = the --baseline key, which is not an arm key here
+W_STALLED = "stalled"  # arm, rung, value = stalled runs of the cell (summary.json "stalled"), previous = its runs
+W_OFF_FIT = "off_fit"  # arm, rung, value = |chosen fit − mean| / mean of a cell (> HELD_OUT_GOAL), param = budget
+W_NOT_CONVERGED = "not_converged"  # param = the form whose point fit stopped at MAX_ITER
+W_FRONTIER_OUTSIDE = "frontier_outside"  # arm, value = N_opt at the largest compute, outside the rungs' N
+
+STALLED_KEY = "stalled"  # summary.json: the run sat on the data's unigram plateau (the fair-verdicts stall rule)
+LADDER_PARAMS_KEY = "ladder.params"  # the N a budget is a multiple of: non_embedding | total
+FIT_KEY = "ladder.fit"  # the form the claims use (lm_ablate/validation.py FIT_FORMS)
+BUDGET_KEY, BUDGETS_KEY = "ladder.budget", "ladder.budgets"
+DATA_PREFIX = "data."
+DATA_BOOKKEEPING = ("data.cache_dir", "data.num_proc")  # where data are cached, not what they are
 
 
 @dataclass(frozen=True)
@@ -155,12 +200,12 @@ class PowerLaw:
 
 @dataclass
 class RungData:
-    """The runs of one (arm, rung) cell that enter the fit, and the cell's bookkeeping."""
+    """The runs of one (arm, rung, budget) cell that enter the fit, and the cell's bookkeeping."""
 
     rung: int
     label: str  # identifier: the rung index, or the size-axis value (model.name=small)
     compute: float  # median C of the fitted runs
-    params: float  # median non-embedding parameters
+    params: float  # median N (ladder.params: non-embedding parameters unless total)
     run_ids: list[str]  # fitted runs, by seed
     seeds: list[Any]
     losses: np.ndarray  # final val loss of each fitted run
@@ -168,6 +213,10 @@ class RungData:
     lr: float | None = None  # the chosen LR when optim.lr varies within the cell
     lr_grid: list[float] = field(default_factory=list)
     n_runs: int = 0  # every run of the cell, fitted or not
+    budget: float = 1.0  # multiple of tokens_per_param x N (ladder.budget; 1 without ladder.budgets)
+    tokens: float = math.nan  # median D of the fitted runs
+    stalled: int = 0  # fitted runs recorded as stalled (summary.json "stalled")
+    losses_by_seed: dict[Any, float] = field(default_factory=dict)  # seed -> loss (the single-rung ranking)
 
     @property
     def mean_loss(self) -> float:
@@ -246,6 +295,30 @@ class MultiplierCurve:
 
 
 @dataclass
+class RungRanking:
+    """One arm against the baseline at one (rung, budget): the single-rung decision (DataDecide, Magnusson et
+    al. 2025: the smallest rung's ranking already gets most decisions at scale right)."""
+
+    arm: str
+    rung: int
+    budget: float
+    compute: float
+    diff: float  # mean loss of the arm − the baseline's (negative: the arm is better)
+    low: float
+    high: float
+    paired: bool  # the same seeds on both sides: paired t interval, else Welch
+    n: int  # pairs, or the smaller side's runs
+    stalled: int  # stalled runs on either side
+
+    @property
+    def winner(self) -> str | None:
+        """ "arm" or "baseline" when the interval excludes 0 and no run stalled; None otherwise."""
+        if self.stalled or not (math.isfinite(self.low) and math.isfinite(self.high)):
+            return None
+        return "arm" if self.high < 0 else "baseline" if self.low > 0 else None
+
+
+@dataclass
 class ScalingStudy:
     size: str  # the key(s) whose values are the rungs: RUNG_KEY, or model.* shape keys (ordered by parameters)
     size_keys: list[str]  # keys that change with the rung (left out of arms)
@@ -260,9 +333,62 @@ class ScalingStudy:
     confidence: float
     delta: float
     rung_labels: dict[int, str] = field(default_factory=dict)  # rung -> identifier (index or size-axis value)
+    forms: dict[str, FormFit] = field(default_factory=dict)  # every form (analysis/compute/scaling_forms.py)
+    form_multipliers: dict[str, list[Multiplier]] = field(default_factory=dict)
+    form_curves: dict[str, list[MultiplierCurve]] = field(default_factory=dict)
+    chosen: str | None = None  # the form ``multipliers`` and the claims come from
+    chosen_by: str = "default"  # requested (ladder.fit) | held_out (ladder.fit=auto) | default
+    same_data: bool = True  # every arm trained on the same data with the same tokenizer
+    budgets: list[float] = field(default_factory=list)  # the budgets of the cells (several: WSD-S)
+    params_key: str = "non_embedding"  # ladder.params: the N of budgets and of L(N, D)
+    rankings: list[RungRanking] = field(default_factory=list)
+    tasks: Any = None  # analysis.compute.task_scaling.TaskStudy, when the runs have downstream metrics
 
     def arm(self, name: str) -> ArmFit:
         return next(a for a in self.arms if a.arm == name)
+
+    def arm_index(self, name: str) -> int:
+        return next(i for i, a in enumerate(self.arms) if a.arm == name)
+
+    @property
+    def chosen_fit(self) -> FormFit | None:
+        return self.forms.get(self.chosen) if self.chosen else None
+
+    @property
+    def forms_table(self) -> pd.DataFrame:
+        """One row per (form, arm): parameters, held-out errors and compute multipliers (scaling_forms.csv)."""
+        rows = []
+        for name, ff in self.forms.items():
+            for k, a in enumerate(self.arms):
+                row: dict[str, Any] = {"form": name, "chosen": name == self.chosen, "arm": a.arm,
+                                       "is_baseline": a.is_baseline, "n_params": ff.n_params, "n_cells": ff.n_cells,
+                                       "skipped": ff.why_not or ""}  # fmt: skip
+                if ff.fitted:
+                    assert ff.raw is not None and ff.laws is not None
+                    comps = ff.form.components
+                    row.update({f"fit_{c}": float(ff.raw[k, j]) for j, c in enumerate(comps)})
+                    own = {c: (f"{c}[{k}]" if f"{c}[{k}]" in ff.intervals else c) for c in comps}
+                    for c in ("E", "alpha", "alpha_n", "beta_d"):
+                        if c in own:
+                            row[f"{c}_low"], row[f"{c}_high"] = ff.intervals[own[c]]
+                    row.update(objective=ff.objective, converged=ff.converged, agreeing_starts=ff.agreeing_starts,
+                               at_bound=" ".join(ff.at_bound), held_out_rel_error=ff.held_out_error(k),
+                               held_out_factor=ff.held_out_factor, lobo_rel_error=ff.lobo_error(k), score=ff.score,
+                               law_E=float(ff.laws[k, 0]), law_log_A=float(ff.laws[k, 1]),
+                               law_alpha=float(ff.laws[k, 2]))  # fmt: skip
+                for m in self.form_multipliers.get(name, []):
+                    if m.arm == a.arm:
+                        row.update({f"cm_{m.at}": m.cm, f"cm_{m.at}_low": m.low, f"cm_{m.at}_high": m.high,
+                                    f"cm_{m.at}_beyond_validated": m.beyond_validated})  # fmt: skip
+                rows.append(row)
+        return pd.DataFrame(rows)
+
+    @property
+    def ranking_table(self) -> pd.DataFrame:
+        """One row per (arm, rung, budget): the single-rung comparison with the baseline (scaling_ranking.csv)."""
+        return pd.DataFrame([{"arm": r.arm, "rung": r.rung, "budget": r.budget, "compute": r.compute,
+                              "diff": r.diff, "low": r.low, "high": r.high, "paired": r.paired, "n": r.n,
+                              "stalled": r.stalled, "winner": r.winner or ""} for r in self.rankings])  # fmt: skip
 
     @property
     def table(self) -> pd.DataFrame:
@@ -295,23 +421,28 @@ class ScalingStudy:
     def rung_table(self) -> pd.DataFrame:
         """One row per (arm, rung): the data each fit saw (scaling_rungs.csv)."""
         rows = [
-            {"arm": a.arm, "rung": r.rung, "rung_label": r.label, "params_non_embedding": r.params,
-             "compute": r.compute, "n_runs": r.n_runs, "n_fitted": len(r.run_ids), "mean_loss": r.mean_loss,
-             "min_loss": float(np.min(r.losses)), "max_loss": float(np.max(r.losses)),
+            {"arm": a.arm, "rung": r.rung, "rung_label": r.label, "budget": r.budget, "params": r.params,
+             "params_key": self.params_key, "tokens": r.tokens,
+             "compute": r.compute, "n_runs": r.n_runs, "n_fitted": len(r.run_ids), "stalled": r.stalled,
+             "mean_loss": r.mean_loss, "min_loss": float(np.min(r.losses)), "max_loss": float(np.max(r.losses)),
              "fit_loss": float(a.fit.loss(r.compute)) if a.fit else math.nan,
+             "chosen_fit_loss": self.chosen_loss(i, r),
              "lr": r.lr if r.lr is not None else math.nan, "run_ids": " ".join(r.run_ids)}
-            for a in self.arms for r in a.rungs
+            for i, a in enumerate(self.arms) for r in a.rungs
         ]  # fmt: skip
         return pd.DataFrame(rows)
 
+    def chosen_loss(self, arm: int, r: RungData) -> float:
+        """The chosen form's loss at a cell (NaN without a chosen fit)."""
+        ff = self.chosen_fit
+        if ff is None or ff.raw is None:
+            return math.nan
+        one = np.array([arm])
+        return float(SF.predict(ff.form, ff.raw, one, np.array([r.compute]), np.array([r.params]),
+                                np.array([r.tokens]))[0])  # fmt: skip
+
 
 # --- the fit --------------------------------------------------------------------------------------------
-def huber(r: np.ndarray, delta: float) -> np.ndarray:
-    """Huber_δ(r) = r²/2 for |r| ≤ δ, else δ(|r| − δ/2) (scipy's ``loss="huber"`` with ``f_scale=δ``)."""
-    a = np.abs(r)
-    return np.where(a <= delta, 0.5 * r * r, delta * (a - 0.5 * delta))
-
-
 def _model(theta: np.ndarray, logx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(log L̂, Jacobian) for problems ``theta`` (P, 3) = (E, log A', α) at log(C/C_ref) ``logx`` (n,)."""
     E, a, alpha = theta[:, :1], theta[:, 1:2], theta[:, 2:3]
@@ -335,56 +466,11 @@ def fit_batch(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Minimise Σ_i w_i·Huber_δ(log L̂(x_i) − y_i) over θ = (E, log A', α) in the box [lo, hi], for P
     problems at once (one per row of ``weights`` (P, n) and ``starts`` (P, 3)). Returns (θ (P, 3), objective
-    (P,)); a problem whose objective is not finite is NaN.
-
-    Levenberg–Marquardt on the iteratively reweighted least-squares model of the Huber loss (weights
-    w_i·min(1, δ/|r_i|): the gradient of that model is the Huber gradient), the step projected onto the box
-    and kept only if it lowers the Huber objective itself. A problem stops when an accepted step lowers the
-    objective by less than FTOL relative, or when the damping has grown past 1e10 (no step helps); only the
-    problems still running are computed.
-    """
-    theta = np.clip(np.asarray(starts, dtype=float), lo, hi)
-    w_all = np.asarray(weights, dtype=float)
-    m, J = _model(theta, logx)
-    r = m - y
-    f = (w_all * huber(r, delta)).sum(axis=1)
-    lam = np.full(len(theta), 1e-3)
-    active = np.flatnonzero(np.isfinite(f))
-    eye = np.eye(3)
-    for _ in range(max_iter):
-        if not len(active):
-            break
-        th, ra, Ja, fa, la, w = theta[active], r[active], J[active], f[active], lam[active], w_all[active]
-        omega = w * np.minimum(1.0, delta / np.maximum(np.abs(ra), 1e-300))
-        Jw = np.swapaxes(Ja, 1, 2) * omega[:, None, :]  # (P, 3, n)
-        g = np.matmul(Jw, ra[:, :, None])[:, :, 0]
-        H = np.matmul(Jw, Ja)
-        diag = np.diagonal(H, axis1=1, axis2=2)
-        damp = la[:, None] * (diag + 1e-12 * (diag.sum(axis=1, keepdims=True) + 1e-30))
-        step = -_solve(H + damp[:, :, None] * eye, g)
-        new = np.clip(th + step, lo, hi)
-        m_new, J_new = _model(new, logx)
-        r_new = m_new - y
-        f_new = (w * huber(r_new, delta)).sum(axis=1)
-        better = f_new < fa
-        theta[active] = np.where(better[:, None], new, th)
-        r[active] = np.where(better[:, None], r_new, ra)
-        J[active] = np.where(better[:, None, None], J_new, Ja)
-        f[active] = np.where(better, f_new, fa)
-        lam[active] = np.where(better, np.maximum(la / 3, 1e-12), la * 4)
-        done = (better & (fa - f_new <= FTOL * fa)) | (lam[active] > 1e10)
-        active = active[~done]
-    bad = ~np.isfinite(f)
-    theta[bad], f[bad] = np.nan, np.nan
+    (P,)); a problem whose objective is not finite is NaN. The minimiser is
+    :func:`analysis.compute.scaling_forms.lm_huber` (Levenberg–Marquardt on the Huber loss's iteratively
+    reweighted least squares, projected onto the box)."""
+    theta, f, _ = lm_huber(lambda th: _model(th, logx), y, weights, starts, lo, hi, delta, max_iter)
     return theta, f
-
-
-def _solve(H: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """H⁻¹g for a stack of 3×3 systems; the pseudo-inverse if one of them is singular."""
-    try:
-        return np.linalg.solve(H, g[:, :, None])[:, :, 0]
-    except np.linalg.LinAlgError:
-        return np.einsum("pkl,pl->pk", np.linalg.pinv(H), g)
 
 
 @dataclass
@@ -496,8 +582,10 @@ def _constant_within(rs: RunSet, key: str, rung_of: dict[str, int]) -> bool:
 
 
 def _params(rs: RunSet) -> dict[str, float]:
-    col = pd.to_numeric(rs.runs[M.PARAMS_NON_EMBEDDING], errors="coerce")
-    return dict(zip(rs.runs["run_id"], col))
+    """N of each run: non-embedding parameters, or all of them where the run's ladder.params is total."""
+    non_emb = dict(zip(rs.runs["run_id"], pd.to_numeric(rs.runs[M.PARAMS_NON_EMBEDDING], errors="coerce")))
+    total = dict(zip(rs.runs["run_id"], pd.to_numeric(rs.runs[M.PARAMS_TOTAL], errors="coerce")))
+    return {r: total[r] if rs.configs.get(r, {}).get(LADDER_PARAMS_KEY) == "total" else n for r, n in non_emb.items()}
 
 
 def _design(rs: RunSet) -> _Design | None:
@@ -610,17 +698,26 @@ def scaling_study(
     arm_names = [base] + sorted((a for a in first if a != base),
                                 key=lambda a: [value_order(v) for v in values[a].values()])  # fmt: skip
 
-    cells: dict[tuple[str, int], list[str]] = {}
+    budget_of = {r: _budget(rs.configs[r]) for r in placed}
+    cells: dict[tuple[str, int, float], list[str]] = {}
     for r in placed:
-        cells.setdefault((arm_of[r], design.rung_of[r]), []).append(r)
+        cells.setdefault((arm_of[r], design.rung_of[r], budget_of[r]), []).append(r)
     bad: dict[str, list[str]] = {W_NOT_COMPLETED: [], W_NO_COMPUTE: [], W_NONFINITE_LOSS: []}
+    tokens = dict(zip(rs.runs["run_id"], pd.to_numeric(rs.runs[M.TOTAL_TOKENS], errors="coerce")))
+    stalled = {r: _summary_value(d, STALLED_KEY) == 1 for r, d in zip(rs.runs["run_id"], rs.runs["run_dir"])}
     arms: list[ArmFit] = []
     for name in arm_names:
         rungs = []
-        for rung in sorted({k for a, k in cells if a == name}):
-            members = sorted(cells[(name, rung)], key=lambda r: (value_order(rs.configs[r].get(M.SEED)), r))
-            cell = _cell(rs, design, name, rung, members, status, loss, compute, params, bad, warnings)
+        for key in sorted(k for k in cells if k[0] == name):
+            members = sorted(cells[key], key=lambda r: (value_order(rs.configs[r].get(M.SEED)), r))
+            cell = _cell(rs, design, name, key[1], members, status, loss, compute, params, bad, warnings)
             if cell is not None:
+                cell.budget = key[2]
+                cell.tokens = float(np.nanmedian([tokens.get(r, math.nan) for r in cell.run_ids]))
+                cell.stalled = sum(stalled.get(r, False) for r in cell.run_ids)
+                if cell.stalled:
+                    warnings.append(ScalingWarning(W_STALLED, name, key[1], cell.stalled, previous=len(cell.run_ids),
+                                                   param=f"{key[2]:g}"))  # fmt: skip
                 rungs.append(cell)
         arms.append(ArmFit(name, values[name], name == base, rungs))
     bad[W_NO_CONFIG] = [r for r in rs.runs["run_id"] if r not in rs.configs]
@@ -631,11 +728,59 @@ def scaling_study(
     draws = _draws(arms, n_boot, seed)
     for arm in arms:
         _fit_arm(arm, draws, delta, confidence, warnings)
-    multipliers, curves = _multipliers(arms, confidence, warnings)
-    return ScalingStudy(
-        design.size, design.size_keys, [a.name for a in design.arm_axes], base, arms, multipliers, curves,
+    study = ScalingStudy(
+        design.size, design.size_keys, [a.name for a in design.arm_axes], base, arms, [], [],
         warnings, design.lr_grid, n_boot, confidence, delta, design.rung_label,
     )  # fmt: skip
+    study.same_data = _same_data(rs, placed, arm_of)
+    study.budgets = sorted({r.budget for a in arms for r in a.rungs})
+    study.params_key = _one_value(rs, placed, LADDER_PARAMS_KEY, "non_embedding")
+    requested = _one_value(rs, placed, FIT_KEY, "auto")
+    _fit_forms(study, draws, requested)
+    if study.chosen is None:  # no form fits every arm: each arm's own fit, as far as it goes
+        laws = [(a.fit.as_array(), a.boot) if a.fit is not None and a.boot is not None else None for a in arms]
+        valid = [_validated(a, arms[0]) for a in arms]
+        study.multipliers, study.curves = _multipliers(arms, laws, valid, confidence, warnings)
+    study.rankings = _rankings(study)
+    study.tasks = task_study(study, dict(zip(rs.runs["run_id"], rs.runs["run_dir"])))
+    return study
+
+
+def _one_value(rs: RunSet, runs: list[str], key: str, default: str) -> str:
+    """The value every run has for ``key`` (the default where a run lacks it); one line when they differ."""
+    seen = {str(v) if (v := rs.configs[r].get(key, MISSING_VALUE)) not in (MISSING_VALUE, None) else default
+            for r in runs}  # fmt: skip
+    if len(seen) > 1:
+        raise AnalysisError(f"{key} differs between the runs of the scaling study ({', '.join(sorted(seen))}): "
+                            "one value for every run of a study")  # fmt: skip
+    return seen.pop() if seen else default
+
+
+def _budget(cfg: dict[str, Any]) -> float:
+    """The budget a run trained: ladder.budget, else the largest of ladder.budgets, else 1."""
+    b = _num(cfg.get(BUDGET_KEY))
+    if math.isfinite(b):
+        return b
+    budgets = cfg.get(BUDGETS_KEY)
+    if isinstance(budgets, str):
+        try:
+            budgets = json.loads(budgets)
+        except ValueError:
+            budgets = None
+    if isinstance(budgets, (list, tuple)) and budgets:
+        return float(max(_num(v) for v in budgets))
+    return 1.0
+
+
+def _same_data(rs: RunSet, runs: list[str], arm_of: dict[str, str]) -> bool:
+    """Did every arm train on the same data with the same tokenizer (every data.* key and the vocabulary)?"""
+    seen: dict[str, set] = {}
+    for r in runs:
+        cfg = rs.configs[r]
+        key = tuple(sorted((k, str(v)) for k, v in cfg.items()
+                           if (k.startswith(DATA_PREFIX) and k not in DATA_BOOKKEEPING) or k == "model.vocab_size"))  # fmt: skip
+        seen.setdefault(arm_of[r], set()).add(key)
+    return len({frozenset(v) for v in seen.values()}) <= 1
 
 
 def _baseline(
@@ -685,9 +830,11 @@ def _cell(
             warnings.append(ScalingWarning(W_LR_AT_EDGE, arm, rung, lr))
     c = np.array([compute[r] for r in ok])
     p = [params.get(r, math.nan) for r in ok]
+    seeds = [rs.configs[r].get(M.SEED) for r in ok]
     return RungData(
         rung, design.rung_label[rung], float(np.median(c)), float(np.nanmedian(p)) if np.isfinite(p).any() else math.nan,
-        ok, [rs.configs[r].get(M.SEED) for r in ok], np.array([loss[r] for r in ok]), c, lr, grid, len(members),
+        ok, seeds, np.array([loss[r] for r in ok]), c, lr, grid, len(members),
+        losses_by_seed={str(sd): loss[r] for sd, r in zip(seeds, ok)},
     )  # fmt: skip
 
 
@@ -736,16 +883,20 @@ def _interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
 
 def _fit_arm(arm: ArmFit, draws: dict[int, np.ndarray], delta: float, confidence: float,
              warnings: list[ScalingWarning]) -> None:  # fmt: skip
-    rungs = arm.rungs
-    if len(rungs) < MIN_RUNGS_TO_FIT:
-        warnings.append(ScalingWarning(W_NOT_FITTED, arm.arm, value=len(rungs)))
+    rungs = arm.rungs  # cells: (rung, budget), ordered
+    n_rungs = len({r.rung for r in rungs})
+    if n_rungs < MIN_RUNGS_TO_FIT:
+        warnings.append(ScalingWarning(W_NOT_FITTED, arm.arm, value=n_rungs))
         return
-    if len(rungs) < MIN_RUNGS:
-        warnings.append(ScalingWarning(W_FEW_RUNGS, arm.arm, value=len(rungs)))
-    for prev, r in zip(rungs, rungs[1:]):
-        if r.mean_loss >= prev.mean_loss:
-            warnings.append(ScalingWarning(W_NON_MONOTONE, arm.arm, r.rung, r.mean_loss, previous=prev.mean_loss))
-    single = tuple(r.rung for r in rungs if len(r.run_ids) == 1)
+    if n_rungs < MIN_RUNGS:
+        warnings.append(ScalingWarning(W_FEW_RUNGS, arm.arm, value=n_rungs))
+    for budget in sorted({r.budget for r in rungs}):
+        line = [r for r in rungs if r.budget == budget]
+        for prev, r in zip(line, line[1:]):
+            if r.mean_loss >= prev.mean_loss:
+                warnings.append(ScalingWarning(W_NON_MONOTONE, arm.arm, r.rung, r.mean_loss, previous=prev.mean_loss,
+                                               param=f"{budget:g}"))  # fmt: skip
+    single = tuple(sorted({r.rung for r in rungs if len(r.run_ids) == 1}))
     if single:
         warnings.append(ScalingWarning(W_SINGLE_SEED, arm.arm, value=len(single), rungs=single))
     pts = _Points.of(rungs)
@@ -763,10 +914,12 @@ def _fit_arm(arm: ArmFit, draws: dict[int, np.ndarray], delta: float, confidence
         warnings.append(ScalingWarning(W_BOOT_FAILED, arm.arm, value=failed))
     cols = {"E": boot[:, 0], "A": np.exp(np.minimum(boot[:, 1], 700)), "alpha": boot[:, 2]}
     arm.intervals = {p: _interval(cols[p], confidence) for p in PARAMS}
-    if len(rungs) < MIN_RUNGS:
-        warnings.append(ScalingWarning(W_HELD_OUT_SKIPPED, arm.arm, value=len(rungs)))
+    if n_rungs < MIN_RUNGS:
+        warnings.append(ScalingWarning(W_HELD_OUT_SKIPPED, arm.arm, value=n_rungs))
         return
-    top, rest = rungs[-1], rungs[:-1]
+    last = max(r.rung for r in rungs)  # the largest rung, all its budgets, left out; checked at its largest compute
+    top = max((r for r in rungs if r.rung == last), key=lambda r: r.compute)
+    rest = [r for r in rungs if r.rung != last]
     raw_h, _, _ = _fit_points(_Points.of(rest), np.ones((1, sum(len(r.losses) for r in rest))), delta)
     held = PowerLaw(*map(float, raw_h[0]))
     arm.held_out = HeldOut(top.rung, top.compute, top.mean_loss, float(held.loss(top.compute)), held,
@@ -775,27 +928,34 @@ def _fit_arm(arm: ArmFit, draws: dict[int, np.ndarray], delta: float, confidence
         warnings.append(ScalingWarning(W_HELD_OUT_ABOVE_GOAL, arm.arm, top.rung, arm.held_out.rel_error))
 
 
-def _multipliers(arms: list[ArmFit], confidence: float,
-                 warnings: list[ScalingWarning]) -> tuple[list[Multiplier], list[MultiplierCurve]]:  # fmt: skip
+Law = tuple[np.ndarray, np.ndarray]  # an arm's L(C): point (3,) and bootstrap (B, 3) of (E, log A, α)
+
+
+def _multipliers(arms: list[ArmFit], laws: list[Law | None], validated: list[float], confidence: float,
+                 warnings: list[ScalingWarning] | None) -> tuple[list[Multiplier], list[MultiplierCurve]]:  # fmt: skip
+    """CM of every arm against the baseline (``arms[0]``) from each arm's curve in compute (None: no fit), at
+    its largest compute and EXTRAPOLATE times it, and over a grid (the curves); ``validated[k]``: how far the
+    held-out checks of arm k's and the baseline's curves extrapolated. W_CM_INFINITE into ``warnings``."""
     base = arms[0]
-    others = [a for a in arms[1:] if a.fit is not None]
-    if base.fit is None:
-        if len(arms) > 1:
+    if laws[0] is None:
+        if len(arms) > 1 and warnings is not None:
             warnings.append(ScalingWarning(W_NO_BASELINE_FIT, base.arm))
         return [], []
-    assert base.boot is not None
+    b_fit, b_boot = laws[0]
     b_lo, b_hi = base.compute_range
     out, curves = [], []
-    for arm in others:
-        assert arm.fit is not None and arm.boot is not None
+    for arm, law, valid in zip(arms[1:], laws[1:], validated[1:]):
+        if law is None:
+            continue
+        x_fit, x_boot = law
         lo, hi = arm.compute_range
-        validated = _validated(arm, base)
+        failed = np.isnan(x_boot[:, 0]) | np.isnan(b_boot[:, 0])
         at = [("largest", hi)] + [(f"{k:g}x", k * hi) for k in EXTRAPOLATE]
         for label, c in at:
             log_c = math.log(c)
-            point = float(log_multiplier(arm.fit.as_array(), base.fit.as_array(), np.array(log_c)))
-            boot = log_multiplier(arm.boot, base.boot, np.full(len(arm.boot), log_c))
-            boot = np.where(np.isnan(arm.boot[:, 0]) | np.isnan(base.boot[:, 0]), np.nan, boot)
+            point = float(log_multiplier(x_fit, b_fit, np.array(log_c)))
+            boot = log_multiplier(x_boot, b_boot, np.full(len(x_boot), log_c))
+            boot = np.where(failed, np.nan, boot)
             low, high = _interval(boot, confidence)
             cm = math.exp(point) if point < 700 else math.inf
             base_c = c * cm
@@ -804,19 +964,125 @@ def _multipliers(arms: list[ArmFit], confidence: float,
             out.append(Multiplier(
                 arm.arm, label, c, cm, _exp(low), _exp(high), base_c,
                 float(np.isinf(ok).mean()) if len(ok) else math.nan,
-                bool(c > hi * (1 + 1e-9) or base_c > b_hi * (1 + 1e-9) or base_c < b_lo * (1 - 1e-9)), factor, validated,
+                bool(c > hi * (1 + 1e-9) or base_c > b_hi * (1 + 1e-9) or base_c < b_lo * (1 - 1e-9)), factor, valid,
             ))  # fmt: skip
-            if math.isinf(cm):
+            if math.isinf(cm) and warnings is not None:
                 warnings.append(ScalingWarning(W_CM_INFINITE, arm.arm, value=c))
         grid = np.geomspace(lo, hi * max(EXTRAPOLATE), CURVE_POINTS)
         log_g = np.log(grid)
-        point = log_multiplier(arm.fit.as_array(), base.fit.as_array(), log_g)
-        boot = log_multiplier(arm.boot[:, None, :], base.boot[:, None, :], log_g[None, :])
-        failed = np.isnan(arm.boot[:, 0]) | np.isnan(base.boot[:, 0])
+        point = log_multiplier(x_fit, b_fit, log_g)
+        boot = log_multiplier(x_boot[:, None, :], b_boot[:, None, :], log_g[None, :])
         boot[failed] = np.nan
         band = np.array([_interval(boot[:, j], confidence) for j in range(len(grid))])
         curves.append(MultiplierCurve(arm.arm, grid, _exp(point), _exp(band[:, 0]), _exp(band[:, 1])))
     return out, curves
+
+
+FORM_REFUSED = {
+    SF.W_FORM_ONE_BUDGET: "an L(N, D) form needs several budgets per rung (ladder.budgets); these runs have one",
+    SF.W_FORM_OTHER_DATA: "the arms were trained on different data or tokenizers, so they share no irreducible loss; "
+    "allowed: per_arm, nd_per_arm, auto",
+    SF.W_FORM_NO_ARMS: "a shared form needs two arms or more; allowed: per_arm, nd_per_arm, auto",
+}
+
+
+def _fit_forms(study: ScalingStudy, draws: dict[int, np.ndarray], requested: str) -> None:
+    """Every form of analysis/compute/scaling_forms.py on all arms at once, the form the claims use (ladder.fit;
+    auto: by held-out error), its multipliers as ``study.multipliers``, and its warnings."""
+    arms = study.arms
+    if requested not in FIT_FORMS:
+        raise AnalysisError(f"{FIT_KEY}={requested} is invalid: allowed: {', '.join(FIT_FORMS)}")
+    if not any(a.rungs for a in arms):
+        return
+    cells = [(k, r) for k, a in enumerate(arms) for r in a.rungs]
+    rep = lambda f: np.concatenate([np.full(len(r.losses), f(k, r), dtype=float) for k, r in cells])
+    pts = SF.Points(
+        rep(lambda k, r: k).astype(int), rep(lambda k, r: r.rung).astype(int), rep(lambda k, r: r.budget),
+        np.concatenate([r.computes for _, r in cells]), rep(lambda k, r: r.params), rep(lambda k, r: r.tokens),
+        np.concatenate([r.losses for _, r in cells]),
+    )  # fmt: skip
+    spread = np.concatenate([_spread(a.rungs).loss for a in arms if a.rungs])
+    weights = np.concatenate([_weights(a.rungs, draws) for a in arms if a.rungs], axis=1)
+    flops = []
+    for a in arms:
+        ok = [r for r in a.rungs if math.isfinite(r.params) and math.isfinite(r.tokens) and r.tokens > 0]
+        flops.append(SF.flops_law(np.array([r.params for r in ok]), np.array([r.compute / r.tokens for r in ok]))
+                     if ok else (math.nan, math.nan))  # fmt: skip
+    names = tuple(FORMS)
+    if not (np.isfinite(pts.params).all() and np.isfinite(pts.tokens).all()):
+        names = tuple(n for n in names if FORMS[n].kind == "C")
+    if any(not a.rungs for a in arms):  # an arm without data: a joint fit of the others would renumber arms
+        return
+    forms = SF.fit_forms(pts, spread, weights, len(arms), study.same_data, flops, study.confidence, study.delta,
+                         names)  # fmt: skip
+    if requested != "auto":
+        ff = forms.get(requested)
+        why = ff.why_not if ff is not None else SF.W_FORM_ONE_BUDGET
+        if why == SF.W_FORM_FEW_POINTS and ff is not None:
+            raise AnalysisError(f"{FIT_KEY}={requested} is invalid here: it has {ff.n_params} parameters and the "
+                                f"runs give {ff.n_cells} (arm, rung, budget) points; allowed: a form with fewer "
+                                "parameters, or auto")  # fmt: skip
+        if why is not None:
+            raise AnalysisError(f"{FIT_KEY}={requested} is invalid here: {FORM_REFUSED[why]}")
+    study.forms = forms
+    study.chosen, study.chosen_by = SF.choose(forms, requested, HELD_OUT_GOAL)
+    for name, ff in forms.items():
+        if not ff.fitted:
+            continue
+        assert ff.laws is not None and ff.laws_boot is not None
+        laws: list[Law | None] = [(ff.laws[k], ff.laws_boot[:, k]) for k in range(len(arms))]
+        checked = [
+            math.isfinite(ff.held_out_error(k)) and math.isfinite(ff.held_out_error(0)) for k in range(len(arms))
+        ]
+        valid = [ff.held_out_factor if ok else math.nan for ok in checked]
+        chosen = name == study.chosen
+        study.form_multipliers[name], study.form_curves[name] = _multipliers(
+            arms, laws, valid, study.confidence, study.warnings if chosen else None
+        )
+    if study.chosen is None:
+        return
+    study.multipliers = study.form_multipliers.get(study.chosen, [])
+    study.curves = study.form_curves.get(study.chosen, [])
+    ff = forms[study.chosen]
+    if ff.fitted and not ff.converged:
+        study.warnings.append(ScalingWarning(W_NOT_CONVERGED, param=study.chosen))
+    for c in ff.residuals:
+        if c.rel_error > HELD_OUT_GOAL:
+            study.warnings.append(ScalingWarning(W_OFF_FIT, arms[c.arm].arm, c.rung, c.rel_error,
+                                                 param=f"{c.budget:g}"))  # fmt: skip
+    if ff.n_opt is not None:
+        for k, a in enumerate(arms):
+            n_opt = math.exp(ff.n_opt[k, 0] + ff.n_opt[k, 1] * math.log(a.compute_range[1]))
+            sizes = [r.params for r in a.rungs]
+            if not min(sizes) <= n_opt <= max(sizes):
+                study.warnings.append(ScalingWarning(W_FRONTIER_OUTSIDE, a.arm, value=n_opt))
+
+
+def _rankings(study: ScalingStudy) -> list[RungRanking]:
+    """Each arm against the baseline at every (rung, budget) both have: the difference of mean final losses with
+    its interval (paired by seed when both sides ran the same seeds, else Welch)."""
+    if not study.arms:
+        return []
+    base = {(r.rung, r.budget): r for r in study.arms[0].rungs}
+    out = []
+    for arm in study.arms[1:]:
+        for r in arm.rungs:
+            b = base.get((r.rung, r.budget))
+            if b is None:
+                continue
+            common = sorted(set(r.losses_by_seed) & set(b.losses_by_seed))
+            with py_warnings.catch_warnings():  # scipy's p-value on near-identical samples: the interval is ours
+                py_warnings.simplefilter("ignore", RuntimeWarning)
+                if len(common) >= 2 and len(common) == len(r.losses_by_seed) == len(b.losses_by_seed):
+                    d, lo, hi, _, n = paired([r.losses_by_seed[s] for s in common],
+                                             [b.losses_by_seed[s] for s in common], study.confidence)  # fmt: skip
+                    is_paired = True
+                else:
+                    d, lo, hi, _ = welch(r.losses, b.losses, study.confidence)
+                    n, is_paired = min(len(r.losses), len(b.losses)), False
+            out.append(RungRanking(arm.arm, r.rung, r.budget, r.compute, d, lo, hi, is_paired, n,
+                                   r.stalled + b.stalled))  # fmt: skip
+    return out
 
 
 def _validated(arm: ArmFit, base: ArmFit) -> float:

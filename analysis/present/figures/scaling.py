@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from analysis.compute import scaling_forms as SF
 from analysis.compute.scaling import EXTRAPOLATE, ScalingStudy
 from analysis.present.style import (
     COLORS,
@@ -60,10 +61,21 @@ def loss_compute_figure(study: ScalingStudy) -> PlotFigure | None:
         return None
     color_of = _colors(study)
     labels = [a.arm + (" (baseline)" if a.is_baseline else "") for a in arms]
+    ff = study.chosen_fit
+    joint = ff is not None and ff.fitted and ff.laws is not None
+    what = ("the compute-optimal frontier of " if joint and ff.form.kind == "ND" else "") + (
+        f"the {study.chosen} fit" if joint else "each arm's fit"
+    )
     extra = [
         Line2D([], [], color="0.3", marker=".", ls="", alpha=0.5, label="one run"),
         Line2D([], [], color="0.3", marker="o", ls="", label="mean over seeds"),
-        Line2D([], [], color="0.3", lw=1.5, label="fit over the rungs"),
+        Line2D(
+            [],
+            [],
+            color="0.3",
+            lw=1.5,
+            label=("frontier" if joint and ff.form.kind == "ND" else "fit") + " over the rungs",
+        ),
         Line2D([], [], color="0.3", lw=1.2, ls="--", label=f"fit extrapolated to {max(EXTRAPOLATE):g}×"),
         Line2D([], [], color="0.3", marker="D", mfc="none", ls="", label="held-out prediction"),
     ]
@@ -78,16 +90,20 @@ def loss_compute_figure(study: ScalingStudy) -> PlotFigure | None:
         means = np.array([[r.compute, r.mean_loss] for r in arm.rungs])
         ax.plot(means[:, 0], means[:, 1], ls="", marker=marker, ms=6, color=color, mec="white", mew=0.6, zorder=3)
         ys += [float(y.min()), float(y.max())]
-        if arm.fit is not None:
+        k = study.arm_index(arm.arm)
+        curve = (lambda c, k=k: SF.curve_loss(ff.laws[k], c)) if joint else (arm.fit.loss if arm.fit else None)
+        if curve is not None:
             lo, hi = arm.compute_range
             inside = np.geomspace(lo, hi, FIT_POINTS)
             beyond = np.geomspace(hi, hi * max(EXTRAPOLATE), FIT_POINTS)
-            ax.plot(inside, arm.fit.loss(inside), color=color, lw=1.5)
-            ax.plot(beyond, arm.fit.loss(beyond), color=color, lw=1.2, ls="--")
-            ys.append(float(arm.fit.loss(beyond[-1])))
-        if arm.held_out is not None:
-            h = arm.held_out
-            ax.plot(h.compute, h.predicted, marker="D", ms=7, mfc="none", mec=color, mew=1.3, ls="", zorder=4)
+            ax.plot(inside, curve(inside), color=color, lw=1.5)
+            ax.plot(beyond, curve(beyond), color=color, lw=1.2, ls="--")
+            ys.append(float(curve(beyond[-1])))
+        held = [(c.compute, c.predicted) for c in ff.held_out if c.arm == k] if joint else (
+            [(arm.held_out.compute, arm.held_out.predicted)] if arm.held_out is not None else []
+        )  # fmt: skip
+        for c, pred in held:
+            ax.plot(c, pred, marker="D", ms=7, mfc="none", mec=color, mew=1.3, ls="", zorder=4)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_ylim(min(ys) / 1.02, max(ys) * 1.02)
@@ -99,9 +115,10 @@ def loss_compute_figure(study: ScalingStudy) -> PlotFigure | None:
     caption = (
         f"Final validation loss against training compute (log-log), one colour per arm; the rungs are the values "
         f"of {study.size}. "
-        "Small dots: every fitted run; large markers: the mean over seeds at each rung; solid: the fit "
-        "L(C) = E + A·C^(−α) over the arm's rungs; dashed: the same fit beyond the largest rung, up to "
-        f"{max(EXTRAPOLATE):g}× its compute; open diamond: the loss predicted for the largest rung by a fit "
+        "Small dots: every fitted run; large markers: the mean over seeds at each rung"
+        + (" and budget" if len(study.budgets) > 1 else "")
+        + f"; solid: {what} over the arm's rungs; dashed: the same beyond the largest rung, up to "
+        f"{max(EXTRAPOLATE):g}× its compute; open diamonds: the losses predicted for the largest rung by a fit "
         "without it."
         + (" Only each (arm, rung)'s runs at its best learning rate are drawn." if study.lr_selected else "")
     )

@@ -7,6 +7,7 @@ warning codes. The section appears whenever the study varies model size (a ladde
 
 from __future__ import annotations
 
+from analysis.compute import scaling_forms as SF
 from analysis.compute.scaling import (
     EXTRAPOLATE,
     HELD_OUT_GOAL,
@@ -17,6 +18,7 @@ from analysis.compute.scaling import (
     W_BOOT_FAILED,
     W_CM_INFINITE,
     W_FEW_RUNGS,
+    W_FRONTIER_OUTSIDE,
     W_HELD_OUT_ABOVE_GOAL,
     W_HELD_OUT_SKIPPED,
     W_LR_AT_EDGE,
@@ -27,8 +29,11 @@ from analysis.compute.scaling import (
     W_NON_MONOTONE,
     W_NONFINITE_LOSS,
     W_NOT_COMPLETED,
+    W_NOT_CONVERGED,
     W_NOT_FITTED,
+    W_OFF_FIT,
     W_SINGLE_SEED,
+    W_STALLED,
     Multiplier,
     ScalingStudy,
     ScalingWarning,
@@ -38,7 +43,28 @@ from analysis.present.figures.scaling import scaling_figures
 from analysis.present.format import cm_text, fixed, number, pct, sci, with_interval
 
 SCALING_CSV = "scaling"  # one row per arm: fit, intervals, held-out check, compute multipliers
-SCALING_RUNGS_CSV = "scaling_rungs"  # one row per (arm, rung): the points each fit saw
+SCALING_RUNGS_CSV = "scaling_rungs"  # one row per (arm, rung, budget): the points each fit saw
+SCALING_FORMS_CSV = "scaling_forms"  # one row per (form, arm): every form's fit, checks and multipliers
+SCALING_RANKING_CSV = "scaling_ranking"  # one row per (arm, rung, budget): the single-rung comparison
+FORMULA = {
+    "per_arm": "E_k + A_k·C^(−α_k)",
+    "shared_e": "E + A_k·C^(−α_k)",
+    "shared_e_alpha": "E + A_k·C^(−α)",
+    "nd_per_arm": "E_k + A_k·N^(−a_k) + B_k·D^(−b_k)",
+    "nd_shared_e": "E + A_k·N^(−a_k) + B_k·D^(−b_k)",
+    "nd_shared_exponents": "E + A_k·N^(−a) + B_k·D^(−b)",
+}
+SKIPPED = {
+    SF.W_FORM_ONE_BUDGET: "one budget per rung (L(N, D) needs ladder.budgets)",
+    SF.W_FORM_OTHER_DATA: "the arms differ in data or tokenizer (no shared entropy floor)",
+    SF.W_FORM_NO_ARMS: "one arm",
+    SF.W_FORM_FEW_POINTS: "fewer points (or rungs per arm) than it needs",
+}
+CHOSEN_BY = {
+    "requested": "named by ladder.fit",
+    "default": "ladder.fit=auto's default",
+    "held_out": "ladder.fit=auto: the default failed the held-out goal and this form met it",
+}
 MAX_LISTED = 8  # run ids named in one warning
 
 
@@ -68,7 +94,8 @@ def warning_text(w: ScalingWarning, study: ScalingStudy, status: dict[str, str] 
         return (f"{w.arm}: fitted on {w.value} rungs (fewer than {MIN_RUNGS}): three parameters from {w.value} "
                 "compute values, so the curve is barely constrained.")  # fmt: skip
     if w.code == W_NON_MONOTONE:
-        return (f"{w.arm}: loss does not fall with size at rung {rung}: mean {fixed(w.value)} against "
+        at = f" (budget {w.param})" if w.param and w.param != "1" else ""
+        return (f"{w.arm}: loss does not fall with size at rung {rung}{at}: mean {fixed(w.value)} against "
                 f"{fixed(w.previous)} at the rung below.")  # fmt: skip
     if w.code == W_SINGLE_SEED:
         names = ", ".join(study.rung_labels.get(k, str(k)) for k in w.rungs)
@@ -92,6 +119,17 @@ def warning_text(w: ScalingWarning, study: ScalingStudy, status: dict[str, str] 
     if w.code == W_CM_INFINITE:
         return (f"{w.arm}: at C = {sci(w.value)} its fit goes below the baseline's E: the baseline never "
                 "reaches that loss (CM = ∞).")  # fmt: skip
+    if w.code == W_STALLED:
+        return (f"{w.arm}, rung {rung} (budget {w.param}): {w.value} of {w.previous} fitted run(s) stalled on the "
+                "unigram plateau; they stay in the fit, and that rung's ranking is inconclusive.")  # fmt: skip
+    if w.code == W_OFF_FIT:
+        return (f"{w.arm}, rung {rung} (budget {w.param}): its mean loss departs from the chosen fit by "
+                f"{pct(w.value)}, more than the {pct(HELD_OUT_GOAL)} held-out goal.")  # fmt: skip
+    if w.code == W_NOT_CONVERGED:
+        return f"The {w.param} fit stopped at its iteration limit before converging."
+    if w.code == W_FRONTIER_OUTSIDE:
+        return (f"{w.arm}: the compute-optimal size at its largest compute is N ≈ {w.value:,.0f}, outside the "
+                "rungs' sizes: the frontier there is extrapolated in N.")  # fmt: skip
     if w.code == W_BASELINE_NOT_ARM:
         return (f"--baseline {w.value} is not one of the scaling study's arm keys; the baseline is the arm of "
                 "the first run launched.")  # fmt: skip
@@ -162,19 +200,137 @@ def _multiplier_table(study: ScalingStudy) -> Table:
 
 
 def _rung_table(study: ScalingStudy) -> Table:
-    headers = ["arm", "rung", "non-emb. params", "compute C", "runs", "fitted", "mean loss", "min–max",
-               "fit at C", *(["learning rate"] if study.lr_selected else [])]  # fmt: skip
+    several = len(study.budgets) > 1
+    n_name = "non-emb. params" if study.params_key == "non_embedding" else "params (total)"
+    chosen = f"{study.chosen} fit at C" if study.chosen else "chosen fit"
+    headers = ["arm", "rung", *(["budget"] if several else []), n_name, "compute C", "runs", "fitted", "stalled",
+               "mean loss", "min–max", "own fit at C", chosen, *(["learning rate"] if study.lr_selected else [])]  # fmt: skip
     rows = []
-    for a in study.arms:
+    for i, a in enumerate(study.arms):
         for r in a.rungs:
-            row = [a.arm, r.label, f"{r.params:,.0f}" if number(r.params) else "–", sci(r.compute), str(r.n_runs),
-                   str(len(r.run_ids)), fixed(r.mean_loss), f"{fixed(min(r.losses))}–{fixed(max(r.losses))}",
-                   fixed(float(a.fit.loss(r.compute))) if a.fit else "–"]  # fmt: skip
+            row = [a.arm, r.label, *([f"{r.budget:g}"] if several else []),
+                   f"{r.params:,.0f}" if number(r.params) else "–", sci(r.compute), str(r.n_runs),
+                   str(len(r.run_ids)), str(r.stalled), fixed(r.mean_loss),
+                   f"{fixed(min(r.losses))}–{fixed(max(r.losses))}",
+                   fixed(float(a.fit.loss(r.compute))) if a.fit else "–", fixed(study.chosen_loss(i, r))]  # fmt: skip
             if study.lr_selected:
                 grid = " ".join(f"{v:g}" for v in r.lr_grid)
                 row.append(f"{r.lr:g} (of {grid})" if r.lr is not None else "–")
             rows.append(row)
-    return Table(headers, rows, frozenset({2, 3, 4, 5, 6, 7, 8}))
+    first = 3 if several else 2
+    return Table(headers, rows, frozenset(range(first, first + 10)))
+
+
+def _forms_table(study: ScalingStudy) -> Table:
+    """Every form side by side: its parameters, held-out checks and the multipliers of each arm."""
+    headers = ["form", "L of arm k", "params / points", "E [95%]", "held-out rung error (worst arm)",
+               "leave-one-budget-out (worst)", "arm", *[f"CM {at} [95%]" for at in _ats()]]  # fmt: skip
+    rows = []
+    for name, ff in study.forms.items():
+        label = name + (" (chosen)" if name == study.chosen else "")
+        if not ff.fitted:
+            why = SKIPPED.get(ff.why_not or "", "not fitted")
+            rows.append([label, FORMULA[name], f"{ff.n_params} / {ff.n_cells}", "–", f"skipped: {why}", "–", "–",
+                         *["–"] * len(_ats())])  # fmt: skip
+            continue
+        e_name = "E" if "E" in ff.intervals else "E[0]"
+        e = with_interval(float(ff.raw[0, 0]), *ff.intervals[e_name]) + ("" if "E" in ff.intervals else " (baseline)")
+        worst = max((ff.held_out_error(k) for k in range(ff.n_arms)), default=float("nan"))
+        lobo = max((ff.lobo_error(k) for k in range(ff.n_arms)), default=float("nan"))
+        reach = f" (reach {ff.held_out_factor:.3g}×)" if number(ff.held_out_factor) else ""
+        mults = study.form_multipliers.get(name, [])
+        for arm in [a.arm for a in study.arms[1:]] or ["–"]:
+            by_at = {m.at: m for m in mults if m.arm == arm}
+            cms = [with_interval(m.cm, m.low, m.high, fmt=cm_text) + (" †" if m.beyond_validated else "")
+                   if (m := by_at.get(at)) else "–" for at in ("largest", *[f"{k:g}x" for k in EXTRAPOLATE])]  # fmt: skip
+            rows.append([label, FORMULA[name], f"{ff.n_params} / {ff.n_cells}", e, pct(worst) + reach, pct(lobo), arm,
+                         *cms])  # fmt: skip
+    return Table(headers, rows, frozenset({2, 3, 4, 5, 7, 8, 9}))
+
+
+def _ats() -> list[str]:
+    return ["largest rung", *[f"{k:g}×" for k in EXTRAPOLATE]]
+
+
+def _ranking_blocks(study: ScalingStudy) -> list[Block]:
+    """The single-rung ranking at every (rung, budget), and whether the fitted multiplier agrees with it."""
+    if not study.rankings:
+        return []
+    several = len(study.budgets) > 1
+    headers = ["arm", "rung", *(["budget"] if several else []), "compute C", "Δ loss (arm − baseline) [95%]",
+               "interval", "decision"]  # fmt: skip
+    rows = []
+    for r in study.rankings:
+        decided = {"arm": "arm better", "baseline": "baseline better"}.get(r.winner or "", "undecided")
+        if r.stalled:
+            decided = f"inconclusive ({r.stalled} stalled)"
+        rows.append([r.arm, study.rung_labels.get(r.rung, str(r.rung)), *([f"{r.budget:g}"] if several else []),
+                     sci(r.compute), with_interval(r.diff, r.low, r.high), "paired t" if r.paired else "Welch",
+                     decided])  # fmt: skip
+    out: list[Block] = [
+        Para(
+            "Single-rung ranking (DataDecide: the smallest rung's ranking alone already predicts most decisions "
+            "at scale, and no extrapolation beat it there): at every rung the difference of mean final losses, "
+            f"with its {study.confidence:.0%} interval."
+        ),  # fmt: skip
+        Table(headers, rows, frozenset({3, 4} if several else {2, 3})),
+    ]
+    out += [Para(text) for text in agreement_texts(study)]
+    return out
+
+
+def agreement_texts(study: ScalingStudy) -> list[str]:
+    """Does the chosen fit's multiplier at the largest rung order the arms as the rungs do?"""
+    texts = []
+    for arm in [a.arm for a in study.arms[1:]]:
+        m = next((m for m in study.multipliers if m.arm == arm and m.at == "largest"), None)
+        mine = [r for r in study.rankings if r.arm == arm]
+        if m is None or not mine:
+            continue
+        decided = [r for r in mine if r.winner is not None]
+        fit_says = None if m.includes_one else ("arm" if m.low > 1 else "baseline")
+        agree = sum(r.winner == fit_says for r in decided)
+        smallest = min(mine, key=lambda r: (r.rung, -r.budget))
+        small = {"arm": "the arm", "baseline": "the baseline", None: "neither (undecided)"}[smallest.winner]
+        fit_text = {"arm": "the arm better", "baseline": "the baseline better", None: "no difference (CM's interval "
+                    "includes 1)"}[fit_says]  # fmt: skip
+        texts.append(
+            f"{arm}: the chosen fit ({study.chosen}) says {fit_text} at the largest rung; "
+            f"{len(decided)} of {len(mine)} rungs decide, {agree} of them the same way"
+            + (f", {len(decided) - agree} the other way" if len(decided) - agree else "")
+            + f". The smallest rung alone says {small}"
+            + (
+                ""
+                if smallest.winner is None or fit_says is None
+                else (", as the fit does." if smallest.winner == fit_says else ", unlike the fit.")
+            )  # fmt: skip
+        )
+    return texts
+
+
+def _task_blocks(study: ScalingStudy) -> list[Block]:
+    tasks = study.tasks
+    if tasks is None or not tasks.tasks:
+        return []
+    headers = ["task", "arm", "held-out rung", "BPB measured", "BPB predicted", "relative error", "acc measured",
+               "acc from measured BPB", "acc chained", "chained error (points)"]  # fmt: skip
+    rows = []
+    for t in tasks.tasks:
+        if not t.checks:
+            rows.append([t.task, "–", "–", "–", "–", f"no check ({t.why_not or 'the fit without the rung failed'})",
+                         "–", "–", "–", "–"])  # fmt: skip
+        for c in t.checks:
+            rows.append([t.task, study.arms[c.arm].arm, study.rung_labels.get(c.rung, str(c.rung)),
+                         fixed(c.bpb_observed), fixed(c.bpb_predicted), pct(c.bpb_rel_error), pct(c.acc_observed),
+                         pct(c.acc_from_bpb), pct(c.acc_chained), f"{c.acc_points:.2f}" if number(c.acc_points) else "–"])  # fmt: skip
+    return [
+        Para(
+            "Task prediction in two steps (Bhagia et al. 2024): step 1 fits each arm's task loss (bits per byte of "
+            "the correct answer) against compute, step 2 one sigmoid from task loss to accuracy across arms; both "
+            "refitted without each arm's largest rung, which they then predict."
+        ),  # fmt: skip
+        Table(headers, rows, frozenset(range(3, 10))),
+    ]
 
 
 def _intro(study: ScalingStudy) -> str:
@@ -193,6 +349,20 @@ def _intro(study: ScalingStudy) -> str:
         f"approach 3). Intervals: {study.confidence:.0%} percentile bootstrap over {study.n_boot} resamples of "
         "the seeds within each rung, each resample refitted."
     )
+    n_name = "non-embedding parameters" if study.params_key == "non_embedding" else "all parameters"
+    text += (
+        f" FLOPs/token counts the output layer's matmul whether or not it is tied to the embedding (PaLM app. B), "
+        f"and N (the budget's parameter count, ladder.params) is {n_name}."
+    )
+    if len(study.budgets) > 1:
+        text += (f" Each rung trained {len(study.budgets)} budgets ({', '.join(f'{b:g}' for b in study.budgets)} × "
+                 "tokens_per_param × N; the smaller ones decay branches of the largest, WSD-S): the points of an arm "
+                 "are its (rung, budget) cells.")  # fmt: skip
+    if study.chosen is not None:
+        text += (f" The multipliers below and the claims come from the {study.chosen} form, L = "
+                 f"{FORMULA[study.chosen]} ({CHOSEN_BY[study.chosen_by]}); every form is in the table of forms.")  # fmt: skip
+        if not study.same_data:
+            text += " The arms differ in data or tokenizer, so no form shares parameters across them."
     if study.lr_selected:
         text += (
             " The learning rate varies within (arm, rung) cells: each cell is represented by its runs at the "
@@ -223,12 +393,20 @@ def scaling_blocks(study: ScalingStudy, status: dict[str, str] | None = None) ->
     if study.warnings:
         out.append(Bullets(["Warning: " + warning_text(w, study, status) for w in study.warnings]))
     out.append(_fit_table(study))
+    if study.forms:
+        out.append(Para("Every form fitted to all arms at once (k: the arm; C compute, N parameters, D tokens). "
+                        "Held-out: every arm's largest rung left out and predicted (worst relative error over arms, "
+                        "and how far in compute it extrapolated); leave-one-budget-out: each budget in turn, with "
+                        "three budgets or more. † beyond the validated range."))  # fmt: skip
+        out.append(_forms_table(study))
     if study.multipliers:
         times = " and ".join(f"{k:g}×" for k in EXTRAPOLATE)
         out.append(Para(f"Compute multipliers against {study.baseline}, at each arm's largest rung and at {times} "
                         "its compute:"))  # fmt: skip
         out.append(_multiplier_table(study))
     out += [Fig(fig, f"{fig.name}.png") for fig in scaling_figures(study)]
+    out += _ranking_blocks(study)
+    out += _task_blocks(study)
     n = sum(len(a.rungs) for a in study.arms)
     out.append(Details(f"Every arm × rung: {n} rows", [_rung_table(study)]))
     out.append(Para(HOW_TO_READ))
