@@ -133,6 +133,16 @@ def effect_text(row: pd.Series) -> str:
     return est + (f" [{lo}, {hi}]" if lo != "–" and hi != "–" else "") + (f" ({notes})" if notes else "")
 
 
+def decided_text(group: pd.DataFrame) -> str:
+    """How a claim was decided, read off its claims.csv rows: each side at its own best LR (the fair-verdict rule,
+    issue 23: analysis/compute/claims.py), at the study's one setting, or by the analysis before that rule (a
+    claims.csv without the stall columns: a report built from its runs again brings it up to date)."""
+    if "arm_stalled" not in group.columns:
+        return "earlier rule: one LR for both sides, stalls not checked"
+    lrs = pd.to_numeric(group.get("arm_lr", pd.Series(dtype=float)), errors="coerce")
+    return "each side at its best LR; stalls checked" if lrs.notna().any() else "one setting; stalls checked"
+
+
 def claim_rows(study: str, claims: pd.DataFrame) -> list[str]:
     rows = []
     for _, group in claims.groupby("claim_id", sort=False):
@@ -145,9 +155,65 @@ def claim_rows(study: str, claims: pd.DataFrame) -> list[str]:
         statement = str(first["statement"]).replace("|", "/")
         rows.append(
             f"| [{study}]({study}/report.md) | **{verdict}** | {statement} ({first['metric']}, expect "
-            f"{first['expect']}) | {first['source']} | {effect} | `python -m lm_ablate.study {study}` |"
+            f"{first['expect']}) | {first['source']} | {effect} | {decided_text(group)} | "
+            f"`python -m lm_ablate.study {study}` |"
         )
     return rows
+
+
+CHANGES = "verdict_changes.csv"  # results/: every verdict a rebuild changed (study, claim, before, after, when)
+CHANGE_COLUMNS = ["study", "claim_id", "before", "after", "effect_after", "date"]
+
+
+def verdicts_of(path: Path) -> dict[str, str]:
+    """claim id -> its verdict as a whole, from a claims.csv ({} when there is none)."""
+    if not path.exists():
+        return {}
+    claims = pd.read_csv(path)
+    return {c: str(g["claim_verdict"].iloc[0]) for c, g in claims.groupby("claim_id", sort=False)}
+
+
+def record_changes(study: str, before: dict[str, str]) -> None:
+    """Append to results/verdict_changes.csv each claim of ``study`` whose verdict this rebuild changed (a claim
+    new to the study counts as changed from "–")."""
+    path = RESULTS / study / "claims.csv"
+    if not path.exists():
+        return
+    claims = pd.read_csv(path)
+    rows = []
+    for claim_id, group in claims.groupby("claim_id", sort=False):
+        after = str(group["claim_verdict"].iloc[0])
+        if before.get(claim_id) != after:
+            effect = "<br>".join(f"{r['context']}: {effect_text(r)}" if len(group) > 1 else effect_text(r)
+                                 for _, r in group.iterrows())  # fmt: skip
+            rows.append([study, claim_id, before.get(claim_id, "–"), after, effect, time.strftime("%Y-%m-%d")])
+    if rows:
+        log = RESULTS / CHANGES
+        old = pd.read_csv(log) if log.exists() else pd.DataFrame(columns=CHANGE_COLUMNS)
+        pd.concat([old, pd.DataFrame(rows, columns=CHANGE_COLUMNS)]).to_csv(log, index=False)
+
+
+def change_lines() -> list[str]:
+    """The README's table of results/verdict_changes.csv, newest first."""
+    log = RESULTS / CHANGES
+    if not log.exists():
+        return []
+    changes = pd.read_csv(log).iloc[::-1]
+    return [
+        "## Verdicts changed by a rebuild",
+        "",
+        f"Every verdict a `gallery.py build` changed, newest first ({CHANGES}): new runs or a new decision rule.",
+        "Why each changed: [docs/studies.md](../docs/studies.md#fair-verdicts).",
+        "",
+        "| date | study | claim | before | after | effect now [95% CI] |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {r['date']} | [{r['study']}]({r['study']}/report.md) | {r['claim_id']} | {r['before']} | "
+            f"**{r['after']}** | {r['effect_after']} |"
+            for _, r in changes.iterrows()
+        ),  # fmt: skip
+        "",
+    ]
 
 
 def committed_times() -> dict[str, str]:
@@ -175,7 +241,9 @@ def build(studies: list[str]) -> int:
         if study not in ready:
             print(f"gallery: {study}: no runs under {RUNS / study}; results/{study} kept as it is", file=sys.stderr)
             continue
+        before = verdicts_of(RESULTS / study / "claims.csv")
         target = build_study(study)
+        record_changes(study, before)
         size = sum(p.stat().st_size for p in target.glob("*.png"))
         print(f"gallery: {study}: {target} ({size / 1e6:.2f} MB of figures)")
     shown = [s for s in STUDIES if (RESULTS / s).is_dir()]
@@ -210,12 +278,14 @@ def build(studies: list[str]) -> int:
             "equal: the 90% interval lies inside ±margin, TOST; contradicted: the interval excludes 0 the other way;",
             "mixed: the contexts disagree). Ratio metrics (tokens/s, attention logit, compute multiplier) are",
             "arm / baseline. These are ~1M-parameter models on 5 MB of Shakespeare: a claim made at scale may not",
-            "reproduce here, and when it does not the table says so.",
+            "reproduce here, and when it does not the table says so. Decided: each side at its own best LR of the",
+            "study's grid with stalled seeds making a claim inconclusive (the fair-verdict rule), at the study's one",
+            "setting (a claim about a fixed regime), or by the earlier rule (a report not yet rebuilt from new runs).",
             "",
             f"**{len(table)} claims**: {counts}.",
             "",
-            "| study | verdict | claim (metric, expected) | source | effect [95% CI] | command |",
-            "|---|---|---|---|---|---|",
+            "| study | verdict | claim (metric, expected) | source | effect [95% CI] | decided | command |",
+            "|---|---|---|---|---|---|---|",
             *table,
             "",
             "## Wall time of each study",
@@ -229,6 +299,7 @@ def build(studies: list[str]) -> int:
             "|---|---|---|---|---|",
             *timed,
             "",
+            *change_lines(),
         ]
     )
     (RESULTS / "README.md").write_text(text)

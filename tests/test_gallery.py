@@ -60,7 +60,7 @@ def test_claim_rows_show_the_effect_interval_and_each_context(gallery):
     one = gallery.claim_rows("s", pd.DataFrame([_claim()]))
     assert one == [
         "| [s](s/report.md) | **held** | a / b (final_val_loss, expect lower) | Paper 2020 | -0.0500 [-0.0800, "
-        "-0.0200] | `python -m lm_ablate.study s` |"
+        "-0.0200] | earlier rule: one LR for both sides, stalls not checked | `python -m lm_ablate.study s` |"
     ]
     ratio = gallery.claim_rows("s", pd.DataFrame([_claim(null=1, estimate=1.418, low95=1.25, high95=1.685,
                                                         notes="beyond_validated_range")]))  # fmt: skip
@@ -130,6 +130,10 @@ def test_build_without_runs_refuses_and_leaves_the_committed_results(gallery, co
 
 
 def test_build_of_one_study_keeps_every_other_studys_rows(gallery, committed, monkeypatch, capsys):
+    monkeypatch.setattr(gallery, "has_runs", lambda study: study == "norm_2x2")
+    monkeypatch.setattr(gallery, "build_study", lambda study: committed / study)
+    assert gallery.build(["norm_2x2"]) == 0  # the README in this code's format, nothing changed
+    assert not (committed / "verdict_changes.csv").exists()
     readme = (committed / "README.md").read_text()
     claims = pd.read_csv(committed / "norm_2x2" / "claims.csv")
 
@@ -140,7 +144,6 @@ def test_build_of_one_study_keeps_every_other_studys_rows(gallery, committed, mo
         changed.to_csv(committed / study / "claims.csv", index=False)
         return committed / study
 
-    monkeypatch.setattr(gallery, "has_runs", lambda study: study == "norm_2x2")
     monkeypatch.setattr(gallery, "build_study", rebuilt)
     assert gallery.build(["norm_2x2"]) == 0
     after = (committed / "README.md").read_text()
@@ -161,7 +164,30 @@ def test_build_of_one_study_keeps_every_other_studys_rows(gallery, committed, mo
     want["held"] = want.get("held", 0) + 1
     assert counts(changed[0][1]) == {v: n for v, n in want.items() if n}
     assert "RMSNorm trains faster" in changed[1][1] and "| **held** |" in changed[1][1]
-    times = after.split("## Wall time")[1]
+    times = after.split("## Wall time")[1].split("## Verdicts changed")[0]
     assert "| norm_2x2 | " in times  # its time row kept: no new time was recorded
     header = next(line for line in times.splitlines() if line.startswith("| study |"))
     assert all(row.count("|") == header.count("|") for row in times.splitlines() if row.startswith("| "))
+    # the change is logged (results/verdict_changes.csv) and listed after the tables, with the effect now
+    log = pd.read_csv(committed / "verdict_changes.csv")
+    assert log[["study", "claim_id", "before", "after"]].values.tolist() == [
+        ["norm_2x2", "rmsnorm_faster", old, "held"]
+    ]
+    assert (
+        f"| [norm_2x2](norm_2x2/report.md) | rmsnorm_faster | {old} | **held** |"
+        in after.split("## Verdicts changed")[1]
+    )
+    # a rebuild that changes nothing logs nothing more
+    monkeypatch.setattr(gallery, "build_study", lambda study: committed / study)
+    assert gallery.build(["norm_2x2"]) == 0
+    assert len(pd.read_csv(committed / "verdict_changes.csv")) == 1
+
+
+def test_decided_column_says_which_rule_decided_the_claim(gallery):
+    """A claims.csv from before the fair-verdict rule has no stall columns; after it, arm_lr says whether the LR
+    was chosen per side."""
+    old = pd.DataFrame({"claim_id": ["a"], "claim_verdict": ["held"]})
+    assert gallery.decided_text(old).startswith("earlier rule")
+    tuned = old.assign(arm_stalled=[0], arm_lr=[6e-3])
+    assert gallery.decided_text(tuned) == "each side at its best LR; stalls checked"
+    assert gallery.decided_text(tuned.assign(arm_lr=[math.nan])) == "one setting; stalls checked"
