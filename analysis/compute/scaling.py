@@ -95,7 +95,7 @@ import pandas as pd
 
 from analysis.compute import scaling_forms as SF
 from analysis.compute.compare import LR_KEY, Axis, find_axes, is_candidate, parse_baseline
-from analysis.compute.scaling_forms import FORMS, FormFit, lm_huber
+from analysis.compute.scaling_forms import FORMS, FormFit, Prediction, lm_huber
 from analysis.compute.stats import paired, welch
 from analysis.compute.task_scaling import task_study
 from analysis.sources.load import MISSING_VALUE, AnalysisError, RunSet
@@ -224,21 +224,13 @@ class RungData:
 
 
 @dataclass
-class HeldOut:
+class HeldOut(Prediction):
     rung: int
     compute: float
     observed: float  # mean final loss over the rung's fitted runs
     predicted: float  # the fit without this rung, at ``compute``
     fit: PowerLaw
     factor: float  # compute of the held-out rung / largest compute of the rest: how far the check extrapolated
-
-    @property
-    def rel_error(self) -> float:
-        return abs(self.predicted - self.observed) / self.observed
-
-    @property
-    def signed_error(self) -> float:
-        return (self.predicted - self.observed) / self.observed
 
 
 @dataclass

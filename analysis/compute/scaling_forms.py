@@ -470,14 +470,9 @@ W_FORM_OTHER_DATA = "other_data"  # a shared form across arms trained on differe
 W_FORM_NO_ARMS = "one_arm"  # a shared form with one arm is the per-arm form
 
 
-@dataclass
-class CellCheck:
-    """A held-out cell: the mean loss of its runs against the prediction of the fit made without it."""
+class Prediction:
+    """Errors of a held-out ``predicted`` loss against the ``observed`` one (fields of the dataclass using it)."""
 
-    arm: int
-    rung: int
-    budget: float
-    compute: float
     observed: float
     predicted: float
 
@@ -488,6 +483,18 @@ class CellCheck:
     @property
     def signed_error(self) -> float:
         return (self.predicted - self.observed) / self.observed
+
+
+@dataclass
+class CellCheck(Prediction):
+    """A held-out cell: the mean loss of its runs against the prediction of the fit made without it."""
+
+    arm: int
+    rung: int
+    budget: float
+    compute: float
+    observed: float
+    predicted: float
 
 
 @dataclass
