@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lm_ablate.claim_spec import check_claims_against_arms, flatten, parse_claims
 from lm_ablate.config import ConfigError, bad, compose_error_message, job_config, validate
@@ -143,6 +143,7 @@ class ArmChecker:
         self.parsed: dict[str, Any] = {}
         self.ladder_rungs: dict[str, set[int]] = {}  # ladder name -> rungs the valid arms train
         self.ladder_checked: dict[str, str | None] = {}  # a ladder's size checks, once per ladder and arm config
+        self.ladder_lrs: dict[tuple[str, str], set[float]] = {}  # (ladder, optimizer) -> LRs of its ladder.lr=grid arms
         self.claim_arms: dict[str, list[dict[str, Any]]] = {}  # an arm's claims (JSON) -> the valid arms' configs
         self.record_claims = False  # set by claim_errors while it checks the sweep file's own arms
 
@@ -212,12 +213,14 @@ class ArmChecker:
 
     def _ladder_error(self, cfg: DictConfig) -> str | None:
         """Rungs increasing in size and a budget of at least one step, checked on meta-device models (once per
-        distinct config); the rung is recorded for the sweep-wide check that a ladder study has >= MIN_RUNGS rungs."""
+        distinct shape and budget: seeds and LRs share it); the rung is recorded for the sweep-wide check that a ladder study has >= MIN_RUNGS rungs."""
         self.ladder_rungs.setdefault(str(cfg.ladder.name), set()).add(int(cfg.ladder.rung))
+        if cfg.ladder.lr == "grid":
+            self.ladder_lrs.setdefault((str(cfg.ladder.name), str(cfg.optim.name)), set()).add(float(cfg.optim.lr))
         vocab = vocab_size_of(cfg.data)
         if vocab is None:  # a pretrained tokenizer: only loading it tells its size; the job checks its own budget
             return None
-        key = OmegaConf.to_yaml(cfg)
+        key = OmegaConf.to_yaml(_without_lr_and_seed(cfg))  # the checks read neither: one per shape and budget
         if key not in self.ladder_checked:
             try:
                 check_ladder(cfg, vocab)
@@ -225,6 +228,16 @@ class ArmChecker:
             except ConfigError as err:
                 self.ladder_checked[key] = str(err)
         return self.ladder_checked[key]
+
+
+def _without_lr_and_seed(cfg: DictConfig) -> DictConfig:
+    """A copy of ``cfg`` with ``seed`` and ``optim.lr`` set to one value for all: a ladder's size and budget checks
+    read neither (their messages name neither), so an LR grid x seeds sweep checks each rung once."""
+    out = copy.deepcopy(cfg)
+    with open_dict(out):
+        out.seed = 0
+        out.optim.lr = 1.0
+    return out
 
 
 def sweep_errors(config: DictConfig) -> list[str]:
@@ -251,6 +264,14 @@ def sweep_errors(config: DictConfig) -> list[str]:
         elif len(rungs) < MIN_RUNGS + 1 and not by_error:
             print(f"lm-ablate: warning: ladder={name} sweeps {len(rungs)} rungs: the fit has no held-out check (it "
                   f"leaves the largest rung out and needs {MIN_RUNGS + 1} rungs for that)", file=sys.stderr)  # fmt: skip
+    single: dict[str, list[str]] = {}  # ladder.lr=grid: each (arm, rung) is fitted at its best LR of a grid
+    for (name, optimizer), lrs in checker.ladder_lrs.items():
+        if len(lrs) < 2:
+            single.setdefault(name, []).append(f"the {optimizer} arms train one optim.lr ({min(lrs):g})")
+    for name, which in single.items():
+        why = (f"ladder={name} fits each (arm, rung) at its best LR of the sweep's grid, but {', '.join(which)}: "
+               "sweep optim.lr (or lr_mult) over 2 values at least, or set ladder.lr=fixed")  # fmt: skip
+        by_error.setdefault(str(bad("ladder.lr", "grid", why)), []).append("every arm")
     lines = [
         f"{labels[0]}: {error}"
         if len(labels) == 1

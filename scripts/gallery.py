@@ -6,7 +6,8 @@
 
 ``run`` calls ``python -m lm_ablate.study STUDY --out runs/gallery/STUDY tracking=none train.progress=false`` one
 study after the other and appends each one's wall time, thread count and load average to runs/gallery/times.txt
-(time it on an otherwise idle machine; ``--threads 1`` adds ``train.threads=1``, for two ``run`` commands side by
+(time it on an otherwise idle machine; ``--launcher joblib`` trains two runs of one study side by side, one core
+each; ``--threads 1`` adds ``train.threads=1``, for two ``run`` commands side by
 side, one core each). ``build`` only reads the run records, so the reports can be rebuilt with newer
 analysis code without training again; a study without runs keeps its committed folder and rows, and with no runs
 at all ``build`` refuses (exit 2) and writes nothing. Figures are re-encoded with a 256-, 128- or 64-colour palette (and
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.compute.claims import NOTE_CELL_BEST_LR
+
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "gallery"
 RESULTS = ROOT / "results"
@@ -34,22 +37,27 @@ STUDIES = [
     "norm_2x2", "pre_vs_post_norm", "prepost_map", "rmsnorm_vs_layernorm", "norm_placement", "position",
     "activation", "attention", "regularization", "lr_sensitivity", "parallel_vs_serial", "optimizer",
     "lr_transfer_base", "lr_transfer", "ladder_activation", "ladder_arch",
+    "ladder_optimizer",
 ]  # fmt: skip
-KEPT = ("report.md", "claims.csv", "comparisons.csv", "scaling.csv", "lr_sweep.csv")
+KEPT = ("report.md", "claims.csv", "comparisons.csv", "scaling.csv", "scaling_forms.csv", "lr_sweep.csv")
 
 
-def run(studies: list[str], threads: int | None = None) -> int:
+def run(studies: list[str], threads: int | None = None, launcher: str = "basic") -> int:
     RUNS.mkdir(parents=True, exist_ok=True)
     worst = 0
     for study in studies:
         started, load_start = time.time(), _load().replace(" ", ",")
         with open(RUNS / f"{study}.log", "a") as log:  # a study run again continues its finished runs' log
-            cmd = [sys.executable, "-m", "lm_ablate.study", study, "--out", str(RUNS / study), "tracking=none",
-                   "train.progress=false"]  # fmt: skip
+            cmd = [sys.executable, "-m", "lm_ablate.study", study, "--out", str(RUNS / study), "--launcher", launcher,
+                   "tracking=none", "train.progress=false"]  # fmt: skip
             cmd += [f"train.threads={threads}"] if threads else []
             rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         with open(RUNS / "times.txt", "a") as f:
-            f.write(f"{study} rc={rc} seconds={time.time() - started:.0f} threads={threads or 'default'} "
+            # joblib: two jobs side by side, each with half the cores unless told (lm_ablate/study.py): "1x2"
+            used = (
+                f"{threads or max(1, (os.cpu_count() or 2) // 2)}x2" if launcher == "joblib" else threads or "default"
+            )
+            f.write(f"{study} rc={rc} seconds={time.time() - started:.0f} threads={used} "
                     f"load_start={load_start} load={_load()}\n")  # fmt: skip
         worst = max(worst, rc)
     return worst
@@ -129,7 +137,8 @@ def effect_text(row: pd.Series) -> str:
     if est == "–":
         return f"– ({row['why']})" if isinstance(row["why"], str) and row["why"] else "–"
     lo, hi = _number(row["low95"], ratio), _number(row["high95"], ratio)
-    notes = str(row["notes"]).replace("_", " ") if isinstance(row.get("notes"), str) and row["notes"] else ""
+    listed = str(row["notes"]).split() if isinstance(row.get("notes"), str) else []
+    notes = ", ".join(n.replace("_", " ") for n in listed if n != NOTE_CELL_BEST_LR)  # "decided" says that one
     return est + (f" [{lo}, {hi}]" if lo != "–" and hi != "–" else "") + (f" ({notes})" if notes else "")
 
 
@@ -140,6 +149,8 @@ def decided_text(group: pd.DataFrame) -> str:
     if "arm_stalled" not in group.columns:
         return "earlier rule: one LR for both sides, stalls not checked"
     lrs = pd.to_numeric(group.get("arm_lr", pd.Series(dtype=float)), errors="coerce")
+    if group.get("notes", pd.Series(dtype=str)).astype(str).str.contains(NOTE_CELL_BEST_LR).any():
+        return "each (arm, rung, budget) at its best LR; stalls checked"
     return "each side at its best LR; stalls checked" if lrs.notna().any() else "one setting; stalls checked"
 
 
@@ -216,6 +227,60 @@ def change_lines() -> list[str]:
     ]
 
 
+def _cm_text(row: pd.Series, at: str) -> str:
+    cm, lo, hi = (row.get(f"cm_{at}{end}", math.nan) for end in ("", "_low", "_high"))
+    if not isinstance(cm, (int, float)) or not math.isfinite(cm):
+        return "–"
+    beyond = " ⚠" if row.get(f"cm_{at}_beyond_validated") is True else ""
+    return f"{_number(cm, True)} [{_number(lo, True)}, {_number(hi, True)}]{beyond}"
+
+
+def forms_lines(shown: list[str]) -> list[str]:
+    """The README's ladder section: every scaling fit form of each ladder study side by side (its
+    scaling_forms.csv), the one its claims use in bold."""
+    rows = []
+    for study in shown:
+        path = RESULTS / study / "scaling_forms.csv"
+        if not path.exists():
+            continue
+        forms = pd.read_csv(path)
+        for form, group in forms.groupby("form", sort=False):
+            arms = group[~group["is_baseline"].astype(bool)]
+            base = group[group["is_baseline"].astype(bool)]
+            chosen = bool(group["chosen"].iloc[0])
+            name = f"**{form}** (chosen)" if chosen else str(form)
+            skipped = group["skipped"].iloc[0]
+            if isinstance(skipped, str) and skipped:
+                rows.append(f"| [{study}]({study}/report.md) | {name} | – | – | – | – | not fitted: {skipped} |")
+                continue
+            es = ", ".join(f"{r['arm'].split('=')[-1]} {r['fit_E']:.3g}" for _, r in group.iterrows()
+                           if isinstance(r.get("fit_E"), float) and math.isfinite(r["fit_E"]))  # fmt: skip
+            score = group["score"].iloc[0]
+            score_text = f"{100 * score:.1f}%" if isinstance(score, float) and math.isfinite(score) else "–"
+            for _, arm in arms.iterrows():
+                versus = f"{arm['arm'].split('=')[-1]} vs {base['arm'].iloc[0].split('=')[-1]}" if len(base) else ""
+                rows.append(f"| [{study}]({study}/report.md) | {name} | {int(group['n_params'].iloc[0])} | "
+                            f"{score_text} | {versus}: {_cm_text(arm, 'largest')} | {_cm_text(arm, '10x')} | "
+                            f"E: {es or '–'} |")  # fmt: skip
+    if not rows:
+        return []
+    return [
+        "## Ladders: every fit form side by side",
+        "",
+        "Each ladder study's losses fitted in every form (analysis/compute/scaling_forms.py: per_arm, shared_e,",
+        "shared_e_alpha and, with several token budgets per rung, the L(N, D) forms), from its scaling_forms.csv.",
+        "Held-out error: the worst relative error over arms of the largest rung (and each budget) left out and",
+        "predicted; the claims use the chosen form (bold: the shared-E form unless its held-out error is above the",
+        "goal while another's is within it). Compute multipliers with their 95% bootstrap intervals; ⚠: beyond",
+        "the range the held-out check validated.",
+        "",
+        "| study | form | parameters | held-out error | CM at the largest rung [95% CI] | CM at 10x [95% CI] | fits |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def committed_times() -> dict[str, str]:
     """study -> its row of the wall-time table in the results/README.md on disk (kept for studies not rebuilt)."""
     path = RESULTS / "README.md"
@@ -288,6 +353,7 @@ def build(studies: list[str]) -> int:
             "|---|---|---|---|---|---|---|",
             *table,
             "",
+            *forms_lines(shown),
             "## Wall time of each study",
             "",
             "On the 2-core machine, measured by `scripts/gallery.py run`. `train.threads` 1: two studies ran side by",
@@ -312,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("run", "build"))
     parser.add_argument("studies", nargs="*", help=f"default: all ({', '.join(STUDIES)})")
     parser.add_argument("--threads", type=int, help="run: train.threads for every run (1 when two run side by side)")
+    parser.add_argument("--launcher", choices=("basic", "joblib"), default="basic",
+                        help="run: joblib trains two runs of a study side by side, one core each")  # fmt: skip
     args = parser.parse_intermixed_args(argv)
     studies = args.studies or STUDIES
     unknown = sorted(set(studies) - set(STUDIES))
@@ -319,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown studies {unknown}; allowed: {', '.join(STUDIES)}")
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
-    return run(studies, args.threads) if args.action == "run" else build(studies)
+    return run(studies, args.threads, args.launcher) if args.action == "run" else build(studies)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def test_run_passes_threads_and_records_time_threads_and_load(gallery, monkeypat
     assert gallery.run(["norm_2x2", "position"], threads=1) == 3
     assert [c[3] for c in calls] == ["norm_2x2", "position"]
     assert all(c[-1] == "train.threads=1" for c in calls)
-    assert calls[0][4:6] == ["--out", str(gallery.RUNS / "norm_2x2")]
+    assert calls[0][4:8] == ["--out", str(gallery.RUNS / "norm_2x2"), "--launcher", "basic"]
     recorded = gallery.times()
     assert recorded["norm_2x2"]["rc"] == "0" and recorded["position"]["rc"] == "3"
     assert recorded["position"]["threads"] == "1"
@@ -41,6 +41,9 @@ def test_run_passes_threads_and_records_time_threads_and_load(gallery, monkeypat
     gallery.run(["position"])  # without --threads: the study's own thread count, and the last line wins
     assert not any(a.startswith("train.threads") for a in calls[0])
     assert gallery.times()["position"] == {**gallery.times()["position"], "rc": "0", "threads": "default"}
+    calls.clear()
+    gallery.run(["position"], launcher="joblib")  # two runs side by side: said in the threads column
+    assert calls[0][6:8] == ["--launcher", "joblib"] and gallery.times()["position"]["threads"].endswith("x2")
 
 
 def test_times_reads_lines_written_before_threads_were_recorded(gallery):
@@ -191,3 +194,44 @@ def test_decided_column_says_which_rule_decided_the_claim(gallery):
     tuned = old.assign(arm_stalled=[0], arm_lr=[6e-3])
     assert gallery.decided_text(tuned) == "each side at its best LR; stalls checked"
     assert gallery.decided_text(tuned.assign(arm_lr=[math.nan])) == "one setting; stalls checked"
+
+
+def test_a_ladder_claim_decided_per_cell_says_so_and_keeps_the_note_out_of_the_effect(gallery):
+    """Issue 26.5: a compute multiplier fitted at each (arm, rung, budget)'s best LR is decided "per cell"."""
+    row = {"claim_id": "m", "claim_verdict": "held", "arm_stalled": 0, "arm_lr": math.nan, "null": 1,
+           "estimate": 1.4, "low95": 1.2, "high95": 1.7, "why": "",
+           "notes": "beyond_validated_range each_cell_at_its_best_lr"}  # fmt: skip
+    claims = pd.DataFrame([row])
+    assert gallery.decided_text(claims) == "each (arm, rung, budget) at its best LR; stalls checked"
+    assert gallery.effect_text(claims.iloc[0]) == "1.4x [1.2x, 1.7x] (beyond validated range)"
+
+
+def test_forms_lines_put_every_fit_form_side_by_side(gallery, tmp_path, monkeypatch):
+    """Issue 26.7: the README's ladder section, one row per (study, form, arm against the baseline)."""
+    monkeypatch.setattr(gallery, "RESULTS", tmp_path)
+    (tmp_path / "ladder_x").mkdir()
+    base = {"n_params": 4, "skipped": "", "score": 0.012, "cm_largest": math.nan}
+    rows = [
+        {**base, "form": "per_arm", "chosen": False, "arm": "activation.name=gelu", "is_baseline": True, "fit_E": 0.0},
+        {**base, "form": "per_arm", "chosen": False, "arm": "activation.name=swiglu", "is_baseline": False,
+         "fit_E": 0.1, "cm_largest": 1.3, "cm_largest_low": 1.1, "cm_largest_high": 1.6, "cm_10x": 1.5,
+         "cm_10x_low": 0.9, "cm_10x_high": math.inf, "cm_10x_beyond_validated": True},
+        {**base, "form": "shared_e", "chosen": True, "arm": "activation.name=gelu", "is_baseline": True, "fit_E": 1.2},
+        {**base, "form": "shared_e", "chosen": True, "arm": "activation.name=swiglu", "is_baseline": False,
+         "fit_E": 1.2, "cm_largest": 1.4, "cm_largest_low": 1.2, "cm_largest_high": 1.7},
+        {**base, "form": "nd_per_arm", "chosen": False, "arm": "activation.name=gelu", "is_baseline": True,
+         "skipped": "one budget per rung"},
+        {**base, "form": "nd_per_arm", "chosen": False, "arm": "activation.name=swiglu", "is_baseline": False,
+         "skipped": "one budget per rung"},
+    ]  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / "ladder_x" / "scaling_forms.csv", index=False)
+    lines = gallery.forms_lines(["norm_2x2", "ladder_x"])
+    table = [line for line in lines if line.startswith("| [ladder_x]")]
+    assert table == [
+        "| [ladder_x](ladder_x/report.md) | per_arm | 4 | 1.2% | swiglu vs gelu: 1.3x [1.1x, 1.6x] | "
+        "1.5x [0.9x, ∞] ⚠ | E: gelu 0, swiglu 0.1 |",
+        "| [ladder_x](ladder_x/report.md) | **shared_e** (chosen) | 4 | 1.2% | swiglu vs gelu: 1.4x [1.2x, 1.7x] | – | "
+        "E: gelu 1.2, swiglu 1.2 |",
+        "| [ladder_x](ladder_x/report.md) | nd_per_arm | – | – | – | – | not fitted: one budget per rung |",
+    ]
+    assert gallery.forms_lines(["norm_2x2"]) == []

@@ -106,24 +106,46 @@ def test_bad_ladders_fail_in_one_line_naming_the_key(overrides, starts):
     assert str(err.value).startswith(starts) and "\n" not in str(err.value)
 
 
+def sweep_check(study: str, overrides: list[str]) -> list[str]:
+    """lm_ablate.sweep_check's lines for ``study`` with ``overrides``, composed in this process (as the CLI)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from lm_ablate.config import CONF_DIR
+    from lm_ablate.study import SWEEPS_DIR
+    from lm_ablate.sweep_check import sweep_errors
+
+    overrides = [f"hydra.searchpath=[file://{CONF_DIR}]", "hydra.sweep.dir=/nonexistent", *overrides]
+    with initialize_config_dir(str(SWEEPS_DIR), version_base="1.3"):
+        master = GlobalHydra.instance().hydra.compose_config(study, overrides, RunMode.MULTIRUN)
+        return sweep_errors(master)
+
+
 def test_a_ladder_sweep_is_refused_before_any_job_starts(tmp_path):
     """One or two rungs (a fit of E + A C^-alpha has three parameters: issue 21 found a 2-rung study that trained
-    and then could not be fitted), or a hand-set train.max_tokens (it would be replaced): one line, nothing
-    created."""
+    and then could not be fitted), a hand-set train.max_tokens (it would be replaced), or ladder.lr=grid with one
+    LR (nothing to choose from): one line, nothing created (the command once; the checks it runs in-process)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "lm_ablate.train", "--config-dir", str(ROOT / "sweeps"), "--config-name",
+         "ladder_activation", f"hydra.sweep.dir={tmp_path / 'sweep'}", "ladder.rung=1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "at least 3 rungs" in lines[0], out.stderr[-2000:]
+    assert not (tmp_path / "sweep").exists()
     cases = (
-        (["ladder.rung=1"], "at least 3 rungs"),
         (["ladder.rung=0,1"], "at least 3 rungs"),
         (["train.max_tokens=5000"], "a ladder sets it"),
+        (["optim.lr=3e-3"], "ladder.lr='grid' is invalid: ladder=cpu fits each (arm, rung) at its best LR"),
     )
     for extra, words in cases:
-        out = subprocess.run(
-            [sys.executable, "-m", "lm_ablate.train", "--config-dir", str(ROOT / "sweeps"), "--config-name",
-             "ladder_activation", f"hydra.sweep.dir={tmp_path / 'sweep'}", *extra],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        lines = out.stderr.strip().splitlines()
-        assert out.returncode == 2 and len(lines) == 1 and words in lines[0], out.stderr[-2000:]
-        assert not (tmp_path / "sweep").exists()
+        (line,) = sweep_check("ladder_activation", extra)
+        assert words in line and "\n" not in line, line
+    # lr_mult gives each optimizer one LR: refused; two multipliers are each optimizer's own grid
+    (line,) = sweep_check("ladder_optimizer", ["lr_mult=x1"])
+    assert "the adamw arms train one optim.lr (0.003), the muon arms train one optim.lr (0.02): sweep" in line
+    assert sweep_check("ladder_optimizer", ["ladder.rung=0,1,2,3"]) == []
 
 
 @pytest.mark.slow
@@ -134,7 +156,8 @@ def test_a_ladder_study_runs_and_reports_compute_multipliers(tmp_path, cache_dir
              "{d_model:32,n_layers:1,n_heads:2},{d_model:32,n_layers:2,n_heads:2}]")  # fmt: skip
     out = subprocess.run(
         [sys.executable, "-m", "lm_ablate.study", "ladder_activation", "--out", str(tmp_path / "ladder"), rungs,
-         "ladder.rung=0,1,2,3", "seed=0,1", "ladder.tokens_per_param=1", "model.context=32", "train.batch_size=8",
+         "ladder.rung=0,1,2,3", "seed=0,1", "ladder.lr=fixed", "optim.lr=3e-3", "ladder.budgets=null",
+         "ladder.tokens_per_param=1", "eval.max_examples=40", "train.batch_size=4",
          "train.eval_batches=2", "tracking=none", "train.progress=false", "train.threads=1",
          f"data.cache_dir={cache_dir}"],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
@@ -144,6 +167,7 @@ def test_a_ladder_study_runs_and_reports_compute_multipliers(tmp_path, cache_dir
     assert "Scaling" in report
     # the rungs are the Scaling section's dimension: named once in the summary, not warned about as uncompared
     assert "Model size varies (the rungs" in report and "also varied but not compared" not in report
+    assert "Task prediction in two steps" in report  # the study's eval=quick: compute -> task BPB -> accuracy
     scaling = (tmp_path / "ladder" / "report" / "scaling.csv").read_text()
     assert "swiglu" in scaling and "gelu" in scaling
     summaries = sorted((tmp_path / "ladder").glob("*/summary.json"))
@@ -151,18 +175,7 @@ def test_a_ladder_study_runs_and_reports_compute_multipliers(tmp_path, cache_dir
 
 
 def test_a_three_rung_ladder_sweep_is_accepted_with_a_warning_about_the_held_out_check(capsys):
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.types import RunMode
-
-    from lm_ablate.config import CONF_DIR
-    from lm_ablate.study import SWEEPS_DIR
-    from lm_ablate.sweep_check import sweep_errors
-
     for rungs, warned in (("0,1,2", True), ("0,1,2,3", False)):
-        overrides = [f"hydra.searchpath=[file://{CONF_DIR}]", "hydra.sweep.dir=/nonexistent", f"ladder.rung={rungs}"]
-        with initialize_config_dir(str(SWEEPS_DIR), version_base="1.3"):
-            master = GlobalHydra.instance().hydra.compose_config("ladder_activation", overrides, RunMode.MULTIRUN)
-            assert sweep_errors(master) == []
+        assert sweep_check("ladder_activation", [f"ladder.rung={rungs}"]) == []
         err = capsys.readouterr().err
         assert ("no held-out check" in err) == warned, err

@@ -370,6 +370,66 @@ def test_model_sweep_without_ladder_key_and_per_cell_lr_grid(tmp_path):
     assert S.scaling_study(load_runs(heads)) is None
 
 
+def test_an_lr_mult_ladder_takes_each_optimizers_cells_at_their_best_lr(tmp_path):
+    """Issue 26.5 (ladder.lr=grid over lr_mult, as ladder_optimizer): two optimizers, each on its own grid (x1, x2
+    of its reference LR), are the arms (lr_mult is no arm), each (arm, rung) is fitted at its better LR, and the
+    compute-multiplier claim counts stalled seeds only among the runs the fit used: a stalled run at an LR that
+    lost does not make it inconclusive, and its "decided at" says each cell was taken at its best LR."""
+    from dataclasses import replace
+
+    from analysis.compute.claims import NOTE_CELL_BEST_LR, WHY_STALLED, Inputs, evaluate_claims
+    from analysis.present.sections.claims import CELL_BEST_LR_TEXT, decided_at_text, reason_text, seeds_text
+    from lm_ablate.claim_spec import parse_claims
+
+    refs, mults = {"adamw": 3e-3, "muon": 2e-2}, {"adamw": 1.0, "muon": 1.5}
+    job, unigram = 0, 3.31
+    for opt, ref in refs.items():
+        for k in range(4):
+            n = n_params(k)
+            for mult in ("x1", "x2"):
+                worse = (mult == "x2") != (opt == "muon" and k == 2)  # x1 wins but in one cell
+                for seed in range(2):
+                    loss = law(compute(k), mults[opt]) * (1.1 if worse else 1.0) * (1 + 0.001 * seed)
+                    if opt == "adamw" and k == 1 and seed == 0 and worse:
+                        loss = 3.30  # on the unigram plateau, at the LR that lost
+                    cfg = {"model": {"name": "ladder", "d_model": 32 * (k + 1), "n_layers": 2 + k, "n_heads": 4},
+                           "optim": {"name": opt, "lr": ref * float(mult[1:])}, "choices": {"lr_mult": mult},
+                           "train": {"max_tokens": 20 * n}, "seed": seed, "study": "ladder",
+                           "ladder": {"name": "cpu", "rung": k, "tokens_per_param": 20, "lr": "grid"}}  # fmt: skip
+                    summary = {M.STATUS: M.STATUS_COMPLETED, M.SEED: seed, M.FINAL_VAL_LOSS: loss, M.BEST_VAL_LOSS: loss,
+                               M.PARAMS_NON_EMBEDDING: n, M.PARAMS_TOTAL: n + 4096, "flops_per_token": 6.0 * n,
+                               M.TOTAL_TOKENS: 20 * n, M.STEPS: 100, M.UNIGRAM_LOSS: unigram}  # fmt: skip
+                    rows = [
+                        {M.STEP: 0, M.VAL_LOSS: 5.5},
+                        {M.STEP: 50, M.VAL_LOSS: 3.4},
+                        {M.STEP: 100, M.VAL_LOSS: loss},
+                    ]
+                    write_run(tmp_path / str(job), cfg, rows, summary)
+                    job += 1
+    rs = load_runs(tmp_path)
+    assert sum(Inputs(rs).stalled.values()) == 1  # judged from its curve: within 2% of the unigram loss
+    st = S.scaling_study(rs, n_boot=50)
+    assert st is not None and st.arm_keys == ["optim.name"] and st.lr_selected
+    assert [a.arm for a in st.arms] == ["optim.name=adamw", "optim.name=muon"]
+    assert [r.lr for r in st.arms[0].rungs] == [3e-3] * 4 and [r.lr for r in st.arms[1].rungs] == [
+        2e-2,
+        2e-2,
+        4e-2,
+        2e-2,
+    ]
+    assert st.arms[1].rungs[0].lr_grid == [2e-2, 4e-2]
+    raw = {"id": "m", "source": "Liu et al. 2025", "statement": "s", "axis": "optim", "arm": "muon",
+           "baseline": "adamw", "metric": "compute_multiplier", "expect": "higher"}  # fmt: skip
+    (res,) = evaluate_claims(rs, parse_claims([raw]), scaling=st).results
+    assert res.arm_stalled == (0, 8) and res.baseline_stalled == (0, 8)  # 4 rungs x 2 seeds at each one's best LR
+    assert res.verdict == "held" and res.effect.estimate == pytest.approx(1.5, rel=0.02)
+    assert NOTE_CELL_BEST_LR in res.effect.notes and decided_at_text(res) == CELL_BEST_LR_TEXT
+    # with stalled runs among those fitted, the reason counts fitted runs (rungs x budgets x seeds), and no
+    # per-seed list is printed (a multiplier has no per-seed values)
+    stalled = replace(res, baseline_stalled=(1, 8), why=WHY_STALLED, verdict="inconclusive")
+    assert reason_text(stalled) == "1 of 8 fitted runs of adamw stalled" and seeds_text(stalled) == ""
+
+
 def test_baseline_option_picks_the_arm(noisy, tmp_path):
     root = write_ladder(tmp_path, sigma=0.005)
     st = study_of(root, baseline="norm.name=rmsnorm", n_boot=50)

@@ -30,6 +30,7 @@ REQUIRED = {
     "lr_transfer",
     "ladder_activation",
     "ladder_arch",
+    "ladder_optimizer",
     "lr_transfer_base",
 }
 # studies whose claims are about a fixed regime (a high LR without warmup, the post-LN map over depth x LR): they
@@ -38,9 +39,11 @@ REGIME = {"norm_2x2", "pre_vs_post_norm", "prepost_map"}
 NO_CLAIMS = {"lr_transfer_base"}  # a tuning step: lr_transfer takes its best cell
 LOSS_METRICS = {"final_val_loss", "best_val_loss", "capped_val_loss", "val_loss_at_context", "extrapolation_gap"}
 LR_KEYS = ("optim.lr", "lr_mult")
-# the issues ask >= 3 seeds per point, except the two maps over a grid: lr_transfer (widths x LRs x sp/mup) and
-# prepost_map (depth x LR x pre/post), >= 2
-MIN_SEEDS = {"lr_transfer": 2, "lr_transfer_base": 2, "prepost_map": 2}
+# the issues ask >= 3 seeds per point, except the maps over a grid: lr_transfer (widths x LRs x sp/mup),
+# prepost_map (depth x LR x pre/post) and the ladders (rungs x LRs x 4 budgets: 2 seeds give each arm's fit 40
+# points at its best LRs, within 30 minutes on one core), >= 2
+LADDERS = {"ladder_activation", "ladder_arch", "ladder_optimizer"}
+MIN_SEEDS = {"lr_transfer": 2, "lr_transfer_base": 2, "prepost_map": 2, **dict.fromkeys(LADDERS, 2)}
 
 
 def params(study: str) -> dict[str, list[str]]:
@@ -105,6 +108,19 @@ def test_quality_claims_are_decided_on_a_tuned_lr_with_warmup(study):
     if quality:
         grid = lr_grid(study)
         assert len(grid) >= 2 and grid[-1] / grid[0] >= 2, (study, grid)
+
+
+@pytest.mark.parametrize("study", sorted(LADDERS))
+def test_ladders_fit_each_arm_and_rung_at_its_best_lr_over_several_budgets(study):
+    """Issue 26: a ladder's claims are decided on each (arm, rung, budget) at its best LR (ladder.lr=grid over
+    at least two LRs x2 apart), with warm-up, and one WSD run per rung gives three or more token budgets."""
+    spec = experiment(study)
+    assert spec["ladder"]["lr"] == "grid" and spec["optim"]["warmup_steps"] > 0
+    grid = lr_grid(study)
+    assert len(grid) >= 2 and grid[-1] / grid[0] >= 2, (study, grid)
+    budgets = spec["ladder"]["budgets"]
+    assert len(budgets) >= 3 and budgets == sorted(budgets) and spec["optim"]["schedule"] == "wsd"
+    assert all(c["metric"] == "compute_multiplier" for c in spec["claims"])
 
 
 @pytest.mark.parametrize("study", sorted(REGIME))

@@ -88,6 +88,7 @@ NOTE_SPEED_UNSTEADY = "speed_unsteady"  # tokens/s of the runs used varies > SPE
 NOTE_GRIDS_DIFFER = "lr_grids_differ"  # lr_sensitivity: arm and baseline ran different LR grids
 NOTE_SEEDS_LEFT_OUT = "seeds_without_full_grid"  # lr_sensitivity: a seed that missed an LR of its arm's grid
 NOTE_BEYOND_VALIDATED = "beyond_validated_range"  # compute_multiplier: extrapolated further than the held-out check
+NOTE_CELL_BEST_LR = "each_cell_at_its_best_lr"  # compute_multiplier: each (arm, rung, budget) fitted at its best LR
 SPEED_SPREAD_LIMIT = 1.5  # max / min tokens/s of one arm's runs above which speed ratios are not to be trusted
 VALUE = "value"  # the per-run value column handed to compare_to_baseline
 ENDED = (M.STATUS_COMPLETED, M.STATUS_DIVERGED)
@@ -520,7 +521,9 @@ def compute_multiplier(sel: Selection) -> Effect | str:
         return WHY_NO_MULTIPLIER
     rungs = {a.arm: len(a.rungs) for a in study.arms}
     nan = math.nan
-    notes = (NOTE_BEYOND_VALIDATED,) if m.beyond_validated else ()
+    notes = ((NOTE_BEYOND_VALIDATED,) if m.beyond_validated else ()) + (
+        (NOTE_CELL_BEST_LR,) if study.lr_selected else ()
+    )
     return Effect(m.cm, m.low, m.high, nan, nan, nan, "bootstrap", 0, rungs[arm], rungs[base], nan, nan, notes)
 
 
@@ -543,8 +546,23 @@ METRIC_FUNCTIONS: dict[str, Callable[[Selection], Effect | str]] = {
     "compute_multiplier": compute_multiplier,
     "downstream": downstream,
 }
+
+
+def fitted_runs(sel: Selection) -> Selection:
+    """A compute-multiplier claim's sides narrowed to the runs the scaling study fitted (each (arm, rung, budget)
+    cell's runs at its best LR under ladder.lr=grid), so its stalled seeds are counted where it is decided."""
+    study = sel.inputs.scaling_study()
+    if study is None:
+        return sel
+    used = {r for a in study.arms for rung in a.rungs for r in rung.run_ids}
+    return Selection(sel.inputs, sel.claim, [r for r in sel.arm if r in used], [r for r in sel.baseline if r in used])
+
+
 # runs a metric looks at before each side's best LR is chosen (the rest of a side's runs in the context)
-NARROW: dict[str, Callable[[Selection], Selection]] = {"widest_val_loss_at_best_lr": widest}
+NARROW: dict[str, Callable[[Selection], Selection]] = {
+    "widest_val_loss_at_best_lr": widest,
+    "compute_multiplier": fitted_runs,
+}
 
 
 # --- claims of a run set, and their evaluation ----------------------------------------------------------

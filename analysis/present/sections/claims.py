@@ -18,6 +18,7 @@ from analysis.compute.claims import (
     INCONCLUSIVE,
     MIXED,
     NOTE_BEYOND_VALIDATED,
+    NOTE_CELL_BEST_LR,
     NOTE_GRIDS_DIFFER,
     NOTE_SEEDS_LEFT_OUT,
     NOTE_SPEED_UNSTEADY,
@@ -81,6 +82,7 @@ NOTE_TEXT = {
     NOTE_GRIDS_DIFFER: "the arm and the baseline ran different LR grids",
     NOTE_SEEDS_LEFT_OUT: "seeds that missed an LR of their grid were left out",
 }
+CELL_BEST_LR_TEXT = "each (arm, rung, budget) fitted at its best LR (Scaling: the fitted runs' table)"
 VERDICT_TEXT = {HELD: "held", CONTRADICTED: "contradicted", INCONCLUSIVE: "inconclusive", UNTESTED: "untested",
                 MIXED: "mixed"}  # fmt: skip
 
@@ -162,7 +164,8 @@ def stalled_text(result: ClaimResult) -> str:
     """``2 of 3 seeds of pre stalled`` for each side with stalled seeds where it was decided; "" when none."""
     c = result.claim
     sides = ((override_text(c.arm), result.arm_stalled), (override_text(c.baseline), result.baseline_stalled))
-    return "; ".join(f"{k} of {n} seeds of {name} stalled" for name, (k, n) in sides if k)
+    what = "fitted runs" if c.metric == "compute_multiplier" else "seeds"  # a ladder: seeds x rungs x budgets
+    return "; ".join(f"{k} of {n} {what} of {name} stalled" for name, (k, n) in sides if k)
 
 
 def reason_text(result: ClaimResult) -> str:
@@ -173,7 +176,7 @@ def reason_text(result: ClaimResult) -> str:
         if stalled_text(result):  # a metric about failing to train: its stalled seeds are data, and said so
             parts.append(stalled_text(result) + " (data of this metric)")
     if result.effect is not None:
-        parts += [NOTE_TEXT.get(n, n) for n in result.effect.notes]
+        parts += [NOTE_TEXT.get(n, n) for n in result.effect.notes if n != NOTE_CELL_BEST_LR]  # "decided at" says it
     return "; ".join(parts)
 
 
@@ -188,6 +191,8 @@ def best_lr_text(name: str, best: BestLR | None) -> str:
 def decided_at_text(result: ClaimResult) -> str:
     """Where each side was taken when its LR was chosen per side; "" when the claim was decided at one setting."""
     c = result.claim
+    if result.effect is not None and NOTE_CELL_BEST_LR in result.effect.notes:
+        return CELL_BEST_LR_TEXT
     parts = [best_lr_text(override_text(c.arm), result.arm_lr),
              best_lr_text(override_text(c.baseline), result.baseline_lr)]  # fmt: skip
     return "; ".join(p for p in parts if p)
@@ -197,8 +202,12 @@ def seeds_text(result: ClaimResult) -> str:
     """Each compared seed's value, per side, stalled ones marked: shown wherever a side has stalled seeds (a
     bimodal cell is not to be read from its mean and interval alone)."""
     e, c = result.effect, result.claim
-    if e is None or not (result.arm_stalled[0] or result.baseline_stalled[0]):
-        return ""
+    if (
+        e is None
+        or not (result.arm_stalled[0] or result.baseline_stalled[0])
+        or not (e.arm_points or e.baseline_points)
+    ):
+        return ""  # no per-seed values (a compute multiplier): the Scaling section's tables list the runs
     stalled = set(result.stalled_runs)
     parts = []
     for name, points in ((override_text(c.arm), e.arm_points), (override_text(c.baseline), e.baseline_points)):
