@@ -108,6 +108,7 @@ PARAMS_NON_EMBEDDING = "params_non_embedding"
 VOCAB_SIZE = "vocab_size"  # the vocabulary the model is built with (model.vocab_size: the tokenizer's)
 LOG_VOCAB = "log_vocab"  # ln(vocab_size): the loss of the uniform prediction (the cap of capped_val_loss)
 UNIGRAM_LOSS = "unigram_loss"  # val cross-entropy under the train split's unigram distribution (data/unigram.py)
+BIGRAM_LOSS = "bigram_loss"  # ... under its bigram distribution (data/unigram.py; null for a vocabulary > 4096)
 STALLED = "stalled"  # true when the run sits on the unigram plateau or stopped learning (lm_ablate/stall.py)
 STALL_REASON = "stall_reason"  # which part of the rule: "unigram" | "flat" | null
 STALL_RULE = "stall_rule"  # the rule in words, with its thresholds (lm_ablate.stall.RULE)

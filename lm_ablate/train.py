@@ -43,7 +43,7 @@ from lm_ablate.budgets import Forks, train_branches
 from lm_ablate.config import AXES, CONF_DIR, ConfigError, compose_error_message, to_container, validate
 from lm_ablate.data import check_length, check_vocab_key, get_batch, load_data, record_vocabulary, val_batches
 from lm_ablate.data.common import cache_root
-from lm_ablate.data.unigram import data_unigram_loss
+from lm_ablate.data.unigram import data_levels
 from lm_ablate.distributed import init_distributed
 from lm_ablate.eval import Downstream
 from lm_ablate.ladder import apply_rung, check_budget_keys, set_budget
@@ -347,8 +347,9 @@ class Trainer:
         self.meter = M.ThroughputMeter()
         self.progress = Progress()
         # the data's reference levels, for the stall rule and the analysis's cap (lm_ablate/stall.py)
-        unigram = data_unigram_loss(self.data, cache_root(cfg.data)) if self.dist.main else None
-        self.levels = {M.LOG_VOCAB: math.log(self.data.vocab_size), M.UNIGRAM_LOSS: unigram}
+        levels = data_levels(self.data, cache_root(cfg.data)) if self.dist.main else {}
+        self.levels = {M.LOG_VOCAB: math.log(self.data.vocab_size), M.UNIGRAM_LOSS: levels.get("unigram_loss"),
+                       M.BIGRAM_LOSS: levels.get("bigram_loss")}  # fmt: skip
         self.summary: dict[str, Any] = {
             M.STATUS: M.STATUS_RUNNING,
             M.RUN_NAME: name or run_name(cfg),

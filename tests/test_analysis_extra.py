@@ -9,6 +9,7 @@ diverged run, one completed run that ended worse than at init, and one run still
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -183,6 +184,36 @@ def test_no_lr_sweep_without_lr_axis(lr_sweep_dir, tmp_path):
     shutil.rmtree(tmp_path / "2")
     shutil.rmtree(tmp_path / "3")
     assert lr_sweep(load_runs([tmp_path])) is None
+
+
+def test_lr_figure_draws_the_datas_unigram_and_bigram_levels(lr_sweep_dir, tmp_path, monkeypatch):
+    """Issue 23.6: the LR figure shows the data's reference levels (the median of what the runs recorded), so a
+    sweep that ends at the bigram level is seen to; records without them draw none."""
+    from analysis.present.figures import lr as figure
+
+    for i, src in enumerate(sorted(lr_sweep_dir.iterdir(), key=lambda p: int(p.name))[:4]):
+        shutil.copytree(src, tmp_path / str(i))
+        path = tmp_path / str(i) / M.SUMMARY_FILE
+        levels = {M.UNIGRAM_LOSS: 3.31 + 0.01 * (i == 3), **({M.BIGRAM_LOSS: 2.51} if i else {})}
+        path.write_text(json.dumps({**json.loads(path.read_text()), **levels}))
+    drawn = []
+    monkeypatch.setattr(figure, "png_bytes", lambda fig: drawn.append(fig) or b"")
+
+    def flat_lines(fig) -> set[float]:
+        return {round(float(line.get_ydata()[0]), 4) for ax in fig.axes for line in ax.get_lines()
+                if list(line.get_xdata()) == [0, 1]}  # fmt: skip
+
+    sweep = lr_sweep(load_runs([tmp_path]))
+    assert sweep.levels == {M.UNIGRAM_LOSS: 3.31, M.BIGRAM_LOSS: 2.51}
+    (fig,) = figure.lr_figures(sweep)
+    assert flat_lines(drawn[-1]) == {3.31, 2.51}
+    assert "unigram level (dotted, 3.31) and bigram level (dashed, 2.51)" in fig.caption
+    (fig,) = figure.lr_figures(lr_sweep(load_runs([lr_sweep_dir])))
+    assert flat_lines(drawn[-1]) == set() and "bigram" not in fig.caption
+    # a level far above every loss would squash the curves: not drawn (the caption still gives it)
+    far = dataclasses.replace(sweep, levels={M.UNIGRAM_LOSS: 40.0, M.BIGRAM_LOSS: 2.51})
+    (fig,) = figure.lr_figures(far)
+    assert flat_lines(drawn[-1]) == {2.51} and "unigram level (dotted, 40.00)" in fig.caption
 
 
 def test_runs_without_a_numeric_lr_are_counted_and_said(lr_sweep_dir, tmp_path):

@@ -579,6 +579,7 @@ class LRSweep:
     others: list[str] = field(default_factory=list)
     context_values: dict[str, dict[str, str]] = field(default_factory=dict)
     left_out: int = 0
+    levels: dict[str, float] = field(default_factory=dict)  # the data's unigram_loss / bigram_loss (median of runs)
 
 
 def _is_number(v: Any) -> bool:
@@ -629,7 +630,18 @@ def lr_sweep(rs: RunSet, key: str = LR_KEY) -> LRSweep | None:
     others = [a.name for a in _other_axes(axis, axes)]
     values = {assignment[r][0]: {a: override_text(rs.configs[r][a]) for a in others} for r in run_ids}
     return LRSweep(axis, contexts, lrs, pd.DataFrame(points), pd.DataFrame(best), assignment, others, values,
-                   len(rs.configs) - len(run_ids))  # fmt: skip
+                   len(rs.configs) - len(run_ids), data_levels(rs.runs[rs.runs["run_id"].isin(run_ids)]))  # fmt: skip
+
+
+def data_levels(runs: pd.DataFrame) -> dict[str, float]:
+    """{unigram_loss, bigram_loss}: the median over the runs that recorded each (lm_ablate/data/unigram.py),
+    left out when none did."""
+    out = {}
+    for key in (M.UNIGRAM_LOSS, M.BIGRAM_LOSS):
+        values = pd.to_numeric(runs[key], errors="coerce").dropna() if key in runs else pd.Series(dtype=float)
+        if len(values):
+            out[key] = float(values.median())
+    return out
 
 
 def _lr_point(

@@ -24,6 +24,9 @@ from analysis.present.style import (
 from lm_ablate import metrics as M
 
 LINES_PER_PANEL = 8
+# the data's reference levels drawn across each panel: label, line style, its name in the caption
+LEVELS = {M.UNIGRAM_LOSS: ("unigram level", ":", "dotted"), M.BIGRAM_LOSS: ("bigram level", "--", "dashed")}
+LEVEL_REACH = 0.5  # a level is drawn when it lies within this share of a panel's loss range beyond its losses
 
 
 def _lr_layout(sweep: LRSweep) -> tuple[str | None, list[tuple[str, list[str]]]]:
@@ -67,7 +70,9 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
         Line2D([], [], color="0.3", marker="o", label="mean of completed runs; bars: 95% CI"),
         Line2D([], [], color="0.3", marker="o", ms=10, mfc="none", ls="", label="best LR of the arm"),
         Line2D([], [], color="0.3", marker="X", ls="", label="a run diverged at this LR"),
-    ]
+        *(Line2D([], [], color="0.45", lw=1, ls=LEVELS[k][1], label=f"{LEVELS[k][0]} of the data ({v:.2f})")
+          for k, v in sweep.levels.items()),
+    ]  # fmt: skip
     out = []
     for page, group in enumerate(shown_pages, 1):
         page_labels = labels if line_axis else [c for _, cs in group for c in cs]
@@ -91,6 +96,10 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
                 if len(div):
                     ax.plot(div["lr"], [0.97 - 0.035 * (i % 8)] * len(div), ls="", marker="X", ms=6,
                             color=color, transform=trans, clip_on=False)  # fmt: skip
+            low, high = ax.get_ylim()
+            for key, level in sweep.levels.items():  # a level far off the losses would squash them: left out
+                if low - LEVEL_REACH * (high - low) <= level <= high + LEVEL_REACH * (high - low):
+                    ax.axhline(level, color="0.45", lw=1, ls=LEVELS[key][1], zorder=0)
             ax.set_xscale("log")
             log_ticks_in_view(ax.xaxis)
             style_axes(ax, title, sweep.axis.label + " (log)", f"final {M.VAL_LOSS}")
@@ -106,6 +115,12 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
             f"of the other varied axes{colour}): mean over completed runs with 95% Student-t bars (none with "
             "one seed). The circle marks each arm's best LR; an X along the top marks an LR at which a run of "
             "that arm diverged (a diverged run has no final loss to plot)."
+            + (" Grey lines: the data's " + " and ".join(f"{LEVELS[k][0]} ({LEVELS[k][2]}, {v:.2f})"
+                                                        for k, v in sweep.levels.items())
+               + ", the validation split's cross-entropy under the training split's add-one unigram and bigram "
+               "distributions (a run near the bigram level has learned little past the previous token), drawn in "
+               f"a panel when within {LEVEL_REACH:.0%} of its loss range beyond its losses."
+               if sweep.levels else "")
             + (f" Only the first {sum(len(p) for p in shown_pages)} of {len(panels)} panels are drawn; the "
                "table holds every arm." if omitted else "")
         )  # fmt: skip
