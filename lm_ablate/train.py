@@ -148,6 +148,7 @@ class Progress:
 
     step: int = 0
     val_losses: list[float] = field(default_factory=list)
+    val_steps: list[int] = field(default_factory=list)  # the step of each val loss (the stall rule's flat test)
     recent_losses: list[float] = field(default_factory=list)  # the last 10 train losses (final_train_loss)
     skipped: int = 0
     wall_time_s: float = 0.0  # summed over all sessions of the run
@@ -479,6 +480,7 @@ class Trainer:
     def evaluate(self) -> float:
         """Validation loss now (fixed batches), appended to the run's list."""
         self.progress.val_losses.append(evaluate(self.model, self.val, self.autocast))
+        self.progress.val_steps.append(self.progress.step)
         return self.progress.val_losses[-1]
 
     def budget_spent(self, step: int) -> str | None:
@@ -518,7 +520,7 @@ class Trainer:
         })  # fmt: skip
         # [0] is the loss at step 0; a diverged run is diverged, not stalled
         diverged = self.summary.get(M.DIVERGED_AT) is not None
-        why = None if diverged else stall.reason(p.val_losses[1:], self.levels[M.UNIGRAM_LOSS])
+        why = None if diverged else stall.reason(p.val_losses[1:], self.levels[M.UNIGRAM_LOSS], p.val_steps[1:])
         self.summary.update({M.STALLED: why is not None, M.STALL_REASON: why, M.STALL_RULE: stall.RULE})
         return self.summary
 

@@ -346,6 +346,7 @@ def test_compute_multiplier_reads_the_scaling_study():
         arms=[NS(arm=f"norm.placement={a}", rungs=[NS(run_ids=ids[a][:2]), NS(run_ids=ids[a][2:])]) for a in ids],
         multipliers=[NS(arm="norm.placement=post", at="largest", cm=1.4, low=1.1, high=1.8, beyond_validated=False),
                      NS(arm="norm.placement=post", at="10x", cm=0.9, low=0.7, high=1.2, beyond_validated=True)],
+        held_out_error={"norm.placement=pre": 0.01, "norm.placement=post": math.nan}.get,  # post: no check
     )  # fmt: skip
     c = claim(metric="compute_multiplier", expect="higher")
     (res,) = evaluate_claims(rs, [c], scaling=study).results
@@ -358,6 +359,14 @@ def test_compute_multiplier_reads_the_scaling_study():
     reverse = claim(metric="compute_multiplier", expect="higher", arm="pre", baseline="post")
     (res,) = evaluate_claims(rs, [reverse], scaling=study).results
     assert (res.verdict, res.why) == (UNTESTED, "baseline_not_scaling_baseline")
+    # the baseline's fit misses its held-out rung by 3% (> the 2% goal): the multiplier is shown, decides nothing
+    study.held_out_error = {"norm.placement=pre": 0.03, "norm.placement=post": 0.01}.get
+    (res,) = evaluate_claims(rs, [c], scaling=study).results
+    assert (res.verdict, res.why, res.effect.estimate, res.effect.notes) == (
+        INCONCLUSIVE, "fit_off_goal", 1.4, ("fit_off_goal",)
+    )  # fmt: skip
+    study.held_out_error = {"norm.placement=pre": 0.019, "norm.placement=post": 0.019}.get
+    assert evaluate_claims(rs, [c], scaling=study).results[0].verdict == HELD
 
 
 def test_an_unbounded_multiplier_interval_is_shown_as_the_scaling_table_shows_it():

@@ -84,6 +84,29 @@ def test_a_claim_compares_each_sides_best_lr_not_a_shared_one():
     assert (pinned.effect.estimate, pinned.verdict, pinned.arm_lr) == (pytest.approx(d), CONTRADICTED, None)
 
 
+def test_speed_steadiness_is_judged_on_every_run_of_a_side_not_only_its_best_lr():
+    """rmsnorm_vs_layernorm: each side's best-LR seeds looked steady (1.21x spread) while the side's runs at its
+    other LRs, trained under another load, ran 1.6x apart; tokens/s does not depend on the LR, so the spread over
+    all of a side's runs says whether its speed can be trusted: held becomes inconclusive, and says why."""
+
+    def runs(post_at_3e3: float) -> object:
+        speed = {"post": {3e-3: post_at_3e3, 6e-3: 1300.0, 1.2e-2: 1300.0}, "pre": dict.fromkeys(GRID["pre"], 1000.0)}
+        specs = [((arm, lr), s, {M.FINAL_VAL_LOSS: v, M.MEAN_TOKENS_PER_SEC: speed[arm][lr] * (1 + 0.01 * s)})
+                 for arm, grid in GRID.items() for lr, values in grid.items() for s, v in enumerate(values)]  # fmt: skip
+        return runset(specs, ("optim.lr",))
+
+    faster = claim(metric="tokens_per_sec", expect="higher")
+    (steady,) = evaluate_claims(runs(1300.0), [faster]).results
+    assert (steady.arm_lr.lr, steady.baseline_lr.lr, len(steady.arm_runs)) == (1.2e-2, 3e-3, 3)  # the best LRs
+    assert steady.effect.estimate == pytest.approx(1.3) and steady.effect.notes == ()
+    assert (steady.verdict, steady.why) == (HELD, "")
+    (res,) = evaluate_claims(runs(2100.0), [faster]).results  # 2100 / 1300 = 1.6x within post's runs
+    assert res.effect.estimate == pytest.approx(1.3) and res.effect.notes == ("speed_unsteady",)
+    assert (res.verdict, res.why) == (INCONCLUSIVE, "speed_unsteady")
+    assert reason_text(res).startswith("tokens/s varies more than 1.5x between the runs of a side")
+    assert reason_text(res).count("tokens/s varies") == 1
+
+
 def test_the_cap_of_a_run_that_fails_to_train_is_ln_v():
     """No-norm at unit init starts near 450 nats: its step-0 loss would cap nothing. A diverged run and a completed
     one that ended above ln V both count as ln V = ln 256 for a byte vocabulary."""

@@ -277,6 +277,24 @@ def test_held_out_checks_are_refits_without_the_cells(shared, tmp_path):
             want = ref[c.arm, 0] + math.exp(ref[c.arm, 1] - ref[c.arm, 2] * math.log(c.compute))
             assert c.predicted == pytest.approx(want, rel=1e-5)
 
+    # the error a compute-multiplier claim is judged by: the chosen form's worst held-out cell of the arm
+    chosen = shared.chosen_fit
+    assert chosen is not None and shared.chosen == "shared_e"
+    for k, a in enumerate(shared.arms):
+        assert shared.held_out_error(a.arm) == chosen.held_out_error(k) == ff_error(chosen, k)
+    assert math.isnan(shared.held_out_error("no such arm"))
+    # without a chosen form, each arm's own fit's check
+    shared.chosen = None
+    try:
+        assert [shared.held_out_error(a.arm) for a in shared.arms] == [a.held_out.rel_error for a in shared.arms]
+    finally:
+        shared.chosen = "shared_e"
+
+
+def ff_error(ff: SF.FormFit, arm: int) -> float:
+    """The worst |predicted - observed| / observed over the arm's held-out cells, written out."""
+    return max(abs(c.predicted - c.observed) / c.observed for c in ff.held_out if c.arm == arm)
+
 
 def fake(name: str, n_params: int, errors: list[float]) -> SF.FormFit:
     ff = SF.FormFit(SF.FORMS[name], len(errors), 10, n_params)
@@ -369,18 +387,35 @@ def test_single_rung_ranking_is_the_paired_interval_per_rung(shared):
     assert "| shared_e (chosen) |" in text and "E + A_k·C^(−α\\_k)" in text
 
 
-def test_stalled_runs_are_marked_and_their_rung_undecided(tmp_path):
+def test_a_cell_with_a_stalled_run_is_marked_left_out_of_the_fits_and_undecided(tmp_path):
     write_ladder(tmp_path, sigma=0.003)
-    stalled = tmp_path / "16"  # rmsnorm, rung 0, seed 1
-    summary = json.loads((stalled / M.SUMMARY_FILE).read_text())
-    (stalled / M.SUMMARY_FILE).write_text(json.dumps({**summary, S.STALLED_KEY: True}))
+    stalled = tmp_path / "16"  # rmsnorm, rung 0, seed 1: flat from step 40 on (lm_ablate/stall.py), and so judged
+    loss = json.loads((stalled / M.SUMMARY_FILE).read_text())[M.FINAL_VAL_LOSS]
+    rows = [{M.STEP: 0, M.VAL_LOSS: 5.5}, {M.STEP: 40, M.VAL_LOSS: loss + 0.001}, {M.STEP: 100, M.VAL_LOSS: loss}]
+    (stalled / M.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # summary.json's own flag (rmsnorm, rung 1) is not what counts: the loader judges each run from its curve
+    (tmp_path / "18" / M.SUMMARY_FILE).write_text(
+        json.dumps({**json.loads((tmp_path / "18" / M.SUMMARY_FILE).read_text()), M.STALLED: True})
+    )
     st = study_of(tmp_path, n_boot=20)
     (w,) = [w for w in st.warnings if w.code == S.W_STALLED]
     assert (w.arm, w.rung, w.value, w.previous) == ("norm.name=rmsnorm", 0, 1, 3)
     ranking = next(r for r in st.rankings if r.rung == 0)
     assert ranking.stalled == 1 and ranking.winner is None
-    assert st.rung_table.loc[lambda t: (t.arm == "norm.name=rmsnorm") & (t.rung == 0), "stalled"].item() == 1
-    assert "inconclusive (1 stalled)" in render_markdown(scaling_blocks(st))
+    row = st.rung_table.loc[lambda t: (t.arm == "norm.name=rmsnorm") & (t.rung == 0)]
+    assert (row["stalled"].item(), row["in_fit"].item()) == (1, False)
+    text = render_markdown(scaling_blocks(st))
+    assert "inconclusive (1 stalled)" in text and "0 (left out)" in text and "left out of every fit" in text
+    # the whole cell is left out of the fits (not only its stalled seed): the arm is fitted as if rung 0 had not run
+    arm = st.arms[1]
+    assert [r.rung for r in arm.rungs] == [1, 2, 3, 4] and [r.rung for r in arm.left_out] == [0]
+    without = tmp_path.parent / f"{tmp_path.name}_without"
+    shutil.copytree(tmp_path, without)
+    for job in (15, 16, 17):  # rmsnorm, rung 0
+        shutil.rmtree(without / str(job))
+    alone = study_of(without, n_boot=20).arms[1]
+    assert alone.fit is not None and arm.fit is not None
+    assert (arm.fit.E, arm.fit.A, arm.fit.alpha) == pytest.approx((alone.fit.E, alone.fit.A, alone.fit.alpha))
 
 
 def test_a_cell_off_the_chosen_fit_is_flagged(tmp_path):

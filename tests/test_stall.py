@@ -8,6 +8,7 @@ import math
 from collections import Counter
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from lm_ablate import metrics as M
@@ -111,15 +112,53 @@ def test_stall_rule(losses, unigram, expected):
     assert stall.reason(losses, unigram) == expected
 
 
+@pytest.mark.parametrize(
+    ("losses", "steps", "expected"),
+    [
+        # a ladder's smallest rung: evaluated at steps 250 and 314 of 314, falling 1.1%: too late to tell
+        ([2.532, 2.505], [250, 314], None),
+        ([2.53, 2.505], [157, 314], stall.FLAT),  # the first one at half the run: a flat second half
+        ([2.53, 2.505], None, stall.FLAT),  # steps unknown: the first evaluation, as before
+        ([2.53, 2.505], [314], stall.FLAT),  # not one step per loss (resumed from an older checkpoint): unknown
+        ([3.0, 2.53, 2.505], [100, 250, 314], None),  # fell 16% from the first one within the first half
+        ([2.60, 2.90, 2.59], [100, 250, 314], stall.FLAT),  # fell 0.4% from there (rose in between)
+        ([2.90, math.nan, 2.89], [100, 200, 300], stall.FLAT),  # non-finite losses are left out with their steps
+        ([2.53, 3.30], [250, 314], stall.UNIGRAM),  # the unigram test needs no early evaluation
+    ],
+)
+def test_flat_test_starts_within_the_first_half_of_the_run(losses, steps, expected):
+    assert stall.reason(losses, 3.31, steps) == expected
+
+
+def test_analysis_judges_the_flat_test_by_the_logged_steps(tmp_path):
+    """The runs table re-judges each run from metrics.jsonl with the evaluations' steps: two late evaluations of a
+    short run are not a plateau; the same losses with the first one at half the run are."""
+    from analysis.sources.load import load_runs
+    from tests.test_claims import run_config, write_run
+
+    curves = {"late": [(0, 5.5), (250, 2.53), (314, 2.505)], "half": [(0, 5.5), (157, 2.53), (314, 2.505)]}
+    for name, val in curves.items():
+        summary = {M.STATUS: M.STATUS_COMPLETED, M.SEED: 0, M.FINAL_VAL_LOSS: 2.505, M.STEPS: 314,
+                   M.UNIGRAM_LOSS: 3.31, M.VOCAB_SIZE: 256, M.STALLED: True, M.STALL_REASON: stall.FLAT}  # fmt: skip
+        write_run(tmp_path / name, run_config("pre", 0), summary, val, 1000.0)
+    runs = load_runs([tmp_path]).runs.set_index("run_id")
+    assert runs[M.STALLED].to_dict() == {"late": False, "half": True}
+    assert runs.loc["half", M.STALL_REASON] == stall.FLAT and pd.isna(runs.loc["late", M.STALL_REASON])
+
+
 def test_stall_rule_from_a_logged_curve():
     """after_init drops step 0 and the rows without an evaluation (NaN in a history table), in step order."""
     steps = [20, 0, 10, 5, 15]
     losses = [2.5, 5.5, 3.0, math.nan, 2.9]
     assert stall.after_init(steps, losses) == [3.0, 2.9, 2.5]
+    assert stall.evaluations(steps, losses) == ([10.0, 15.0, 20.0], [3.0, 2.9, 2.5])
 
 
-def test_summary_records_levels_and_the_stall_flag(tmp_path, cache_dir):
+def test_summary_records_levels_and_the_stall_flag(tmp_path, cache_dir, monkeypatch):
     from lm_ablate.train import train
+
+    judged, rule = [], stall.reason  # the loop's own judgment gets the steps it evaluated at
+    monkeypatch.setattr(stall, "reason", lambda v, u=None, s=None: judged.append((list(v), list(s))) or rule(v, u, s))
 
     cfg = compose(["debug=smoke", f"data.cache_dir={cache_dir}", "train.max_steps=4", "train.eval_every=2"])
     summary = train(cfg, tmp_path / "run")
@@ -129,11 +168,11 @@ def test_summary_records_levels_and_the_stall_flag(tmp_path, cache_dir):
     assert on_disk[M.LOG_VOCAB] == pytest.approx(math.log(256))
     assert on_disk[M.BIGRAM_LOSS] == pytest.approx(U.bigram_loss(data.train, data.val, 256), rel=1e-12)
     rows = [json.loads(line) for line in (tmp_path / "run" / M.METRICS_FILE).read_text().splitlines()]
-    val = stall.after_init(
+    steps, val = stall.evaluations(
         [r[M.STEP] for r in rows if M.VAL_LOSS in r], [r[M.VAL_LOSS] for r in rows if M.VAL_LOSS in r]
     )
-    assert len(val) == 2
-    why = stall.reason(val, on_disk[M.UNIGRAM_LOSS])
+    assert len(val) == 2 and steps == [2.0, 4.0] and judged[-1] == (val, [2, 4])
+    why = stall.reason(val, on_disk[M.UNIGRAM_LOSS], steps)
     assert on_disk[M.STALLED] is (why is not None) and on_disk[M.STALL_REASON] == why
     assert why == stall.UNIGRAM  # 4 steps of a tiny model: nowhere near below the unigram level
     assert on_disk[M.STALL_RULE] == stall.RULE and summary[M.STALLED] is True

@@ -29,6 +29,12 @@ side is decided on hold stalled seeds (completed runs on the unigram plateau or 
 analysis.sources.load judges them), the verdict is ``inconclusive`` with ``why`` = ``stalled_seeds`` and the
 counts (k of n) per side, unless the metric or the claim is about failing to train (``Claim.stalls_are_data``). The effect
 carries each seed's value (``arm_points``), so a bimodal cell is shown seed by seed, not as a mean alone.
+**A fit off its goal**: a compute-multiplier claim whose fit (the chosen form's, else each arm's own) predicts the
+arm's or the baseline's held-out rung with more than scaling.HELD_OUT_GOAL relative error is ``inconclusive``
+with ``why`` = ``fit_off_goal``: a fit that misses a rung it did not see is no evidence of what it extrapolates.
+**Speed under load**: a tokens/s claim whose side's runs (at every LR of its grid: speed does not depend on the
+LR) differ by more than ``SPEED_SPREAD_LIMIT`` (max / min) ran on a machine whose load changed, so held or
+contradicted becomes ``inconclusive`` with ``why`` = ``speed_unsteady``.
 
 A claim evaluated in several contexts has one verdict per context and, as a whole, the verdict they share,
 or ``mixed``. Each metric is one function in :data:`METRIC_FUNCTIONS` (names: lm_ablate.claim_spec.METRICS)
@@ -83,8 +89,11 @@ WHY_NO_SCALING = "no_scaling_study"  # compute_multiplier without a scaling stud
 WHY_NOT_SCALING_BASELINE = "baseline_not_scaling_baseline"  # CM is against the scaling study's baseline only
 WHY_NO_MULTIPLIER = "no_multiplier"  # the scaling study has no multiplier for the arm at `at`
 WHY_STALLED = "stalled_seeds"  # a side has stalled seeds where it is decided: inconclusive (k of n per side)
+WHY_FIT_OFF_GOAL = "fit_off_goal"  # a compute multiplier whose fit missed the held-out goal: inconclusive
+WHY_SPEED_UNSTEADY = "speed_unsteady"  # a tokens/s claim whose side's runs spread > SPEED_SPREAD_LIMIT: inconclusive
 LR_MULT_KEY = "choices.lr_mult"  # the LR as a multiple of the optimizer's reference (conf/lr_mult/)
-NOTE_SPEED_UNSTEADY = "speed_unsteady"  # tokens/s of the runs used varies > SPEED_SPREAD_LIMIT within an arm
+NOTE_FIT_OFF_GOAL = "fit_off_goal"  # the arm's or the baseline's fit predicts its held-out rung > the goal off
+NOTE_SPEED_UNSTEADY = "speed_unsteady"  # tokens/s of a side's runs (every LR) varies > SPEED_SPREAD_LIMIT
 NOTE_GRIDS_DIFFER = "lr_grids_differ"  # lr_sensitivity: arm and baseline ran different LR grids
 NOTE_SEEDS_LEFT_OUT = "seeds_without_full_grid"  # lr_sensitivity: a seed that missed an LR of its arm's grid
 NOTE_BEYOND_VALIDATED = "beyond_validated_range"  # compute_multiplier: extrapolated further than the held-out check
@@ -249,6 +258,14 @@ class Selection:
     claim: Claim
     arm: list[str]  # run ids
     baseline: list[str]
+    # each side's runs before it was narrowed to its best LR (at_best_lr): the tokens/s steadiness check looks
+    # at all of them, since a run's speed does not depend on its LR but the machine's load does
+    whole: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+
+    @property
+    def sides(self) -> tuple[Sequence[str], Sequence[str]]:
+        """(arm, baseline) before the best-LR narrowing (the runs themselves where none was done)."""
+        return self.whole or (self.arm, self.baseline)
 
     @property
     def rs(self) -> RunSet:
@@ -398,7 +415,9 @@ def _init_grad_growth(row: dict[str, Any]) -> float:
 def tokens_per_sec(sel: Selection) -> Effect | str:
     effect = _per_run(_column(M.MEAN_TOKENS_PER_SEC))(sel)
     if isinstance(effect, Effect):
-        spread = max(_speed_spread(sel.rs, ids) for ids in (sel.arm, sel.baseline))
+        # every run of each side, at every LR of its grid: the runs a side is decided on (its best LR's seeds)
+        # can look steady while its other LRs' runs show the load changing under it (rmsnorm_vs_layernorm)
+        spread = max(_speed_spread(sel.rs, ids) for ids in sel.sides)
         if spread > SPEED_SPREAD_LIMIT:
             effect = replace(effect, notes=(*effect.notes, NOTE_SPEED_UNSTEADY))
     return effect
@@ -521,9 +540,14 @@ def compute_multiplier(sel: Selection) -> Effect | str:
         return WHY_NO_MULTIPLIER
     rungs = {a.arm: len(a.rungs) for a in study.arms}
     nan = math.nan
-    notes = ((NOTE_BEYOND_VALIDATED,) if m.beyond_validated else ()) + (
-        (NOTE_CELL_BEST_LR,) if study.lr_selected else ()
-    )
+    # a fit that cannot predict a rung it did not see (held-out error above the goal) extrapolates nothing: the
+    # multiplier is shown, but decides no claim (a fit without a check, too few rungs, is noted as unvalidated)
+    from analysis.compute.scaling import HELD_OUT_GOAL  # the scaling module is loaded only where a claim needs it
+
+    off_goal = any(study.held_out_error(a) > HELD_OUT_GOAL for a in (arm, base))
+    flags = ((NOTE_BEYOND_VALIDATED, m.beyond_validated), (NOTE_CELL_BEST_LR, study.lr_selected),
+             (NOTE_FIT_OFF_GOAL, off_goal))  # fmt: skip
+    notes = tuple(note for note, on in flags if on)
     return Effect(m.cm, m.low, m.high, nan, nan, nan, "bootstrap", 0, rungs[arm], rungs[base], nan, nan, notes)
 
 
@@ -556,6 +580,13 @@ def fitted_runs(sel: Selection) -> Selection:
         return sel
     used = {r for a in study.arms for rung in a.rungs for r in rung.run_ids}
     return Selection(sel.inputs, sel.claim, [r for r in sel.arm if r in used], [r for r in sel.baseline if r in used])
+
+
+# notes that make a held or contradicted effect inconclusive, and the reason given
+DOWNGRADES = {
+    NOTE_SPEED_UNSTEADY: WHY_SPEED_UNSTEADY,  # the machine's load, not the arm, may set the ratio
+    NOTE_FIT_OFF_GOAL: WHY_FIT_OFF_GOAL,  # the fit missed its held-out rung by more than the goal
+}
 
 
 # runs a metric looks at before each side's best LR is chosen (the rest of a side's runs in the context)
@@ -679,6 +710,9 @@ def _evaluate(inputs: Inputs, claim: Claim, axes: list[Axis]) -> list[ClaimResul
         why = WHY_NO_INTERVAL if decided == INCONCLUSIVE and not math.isfinite(effect.low95) else ""
         if decided != UNTESTED and not claim.stalls_are_data and (stalled[0][0] or stalled[1][0]):
             decided, why = INCONCLUSIVE, WHY_STALLED  # stalled seeds are no data points of an effect
+        for note, reason in DOWNGRADES.items():
+            if decided in (HELD, CONTRADICTED) and note in effect.notes:
+                decided, why = INCONCLUSIVE, reason
         out.append(ClaimResult(claim, label, decided, effect, why, **common))
     return out or [ClaimResult(claim, ALL_RUNS, UNTESTED, None, WHY_NO_CONTEXT, axis.label)]
 
@@ -708,7 +742,8 @@ def at_best_lr(sel: Selection) -> tuple[Selection, tuple[BestLR | None, BestLR |
         else:
             chosen.append(best)
             narrowed.append(list(best.run_ids))
-    return Selection(sel.inputs, sel.claim, narrowed[0], narrowed[1]), (chosen[0], chosen[1])
+    whole = (tuple(sel.arm), tuple(sel.baseline))
+    return Selection(sel.inputs, sel.claim, narrowed[0], narrowed[1], whole), (chosen[0], chosen[1])
 
 
 # --- what the report shows beside the claims ------------------------------------------------------------

@@ -46,8 +46,12 @@ Budgets (``ladder.budgets``, WSD-S branches: lm_ablate/budgets.py): a cell is (a
 ``ladder.params`` names (non-embedding unless total), D the run's tokens. The branches of a rung share its seeds,
 so the bootstrap draws the same seeds for every budget of a rung.
 
-Also: stalled runs (summary.json ``stalled``, the stall rule of the fair-verdicts issue) are counted per cell and
-warned about (they stay in the fit: dropping them would bias it), every cell that departs from the chosen fit by
+Also: a cell whose runs (at its chosen LR) include a stalled one (the runs table's ``stalled``: lm_ablate/stall.py
+on each run's curve; on the unigram plateau or flat) is left out of every fit and warned about: a run that has not
+left the plateau is outside the power-law regime (its loss is set by the optimizer's transient, not by N and D;
+the CPU ladder's smallest rung at its smallest budget, 40 steps, is one), and keeping it would bend the fit. It is
+a whole cell that is left out, never a seed (dropping a cell's worst seeds would bias its mean); the cell stays in
+the rung table and in the single-rung ranking, undecided there. Every cell that departs from the chosen fit by
 more than HELD_OUT_GOAL is warned about, and the single-rung ranking is computed at every (rung, budget).
 
 Which runs enter a fit. The size dimension is ``ladder.rung`` when the configs have it; otherwise model size,
@@ -146,12 +150,11 @@ W_HELD_OUT_ABOVE_GOAL = "held_out_above_goal"  # arm, value = relative error (> 
 W_NO_BASELINE_FIT = "no_baseline_fit"  # arm = the baseline: no compute multipliers
 W_CM_INFINITE = "cm_infinite"  # arm, value = compute: L_X(C) ≤ E_base (point estimate): CM = +inf
 W_BASELINE_NOT_ARM = "baseline_not_arm"  # value = the --baseline key, which is not an arm key here
-W_STALLED = "stalled"  # arm, rung, value = stalled runs of the cell (summary.json "stalled"), previous = its runs
+W_STALLED = "stalled"  # arm, rung, value = stalled runs of a cell left out of the fits, previous = its runs
 W_OFF_FIT = "off_fit"  # arm, rung, value = |chosen fit − mean| / mean of a cell (> HELD_OUT_GOAL), param = budget
 W_NOT_CONVERGED = "not_converged"  # param = the form whose point fit stopped at MAX_ITER
 W_FRONTIER_OUTSIDE = "frontier_outside"  # arm, value = N_opt at the largest compute, outside the rungs' N
 
-STALLED_KEY = "stalled"  # summary.json: the run sat on the data's unigram plateau (the fair-verdicts stall rule)
 LADDER_PARAMS_KEY = "ladder.params"  # the N a budget is a multiple of: non_embedding | total
 FIT_KEY = "ladder.fit"  # the form the claims use (lm_ablate/validation.py FIT_FORMS)
 BUDGET_KEY, BUDGETS_KEY = "ladder.budget", "ladder.budgets"
@@ -215,7 +218,7 @@ class RungData:
     n_runs: int = 0  # every run of the cell, fitted or not
     budget: float = 1.0  # multiple of tokens_per_param x N (ladder.budget; 1 without ladder.budgets)
     tokens: float = math.nan  # median D of the fitted runs
-    stalled: int = 0  # fitted runs recorded as stalled (summary.json "stalled")
+    stalled: int = 0  # stalled runs among run_ids (then the cell is left out of the fits: ArmFit.left_out)
     losses_by_seed: dict[Any, float] = field(default_factory=dict)  # seed -> loss (the single-rung ranking)
 
     @property
@@ -238,13 +241,19 @@ class ArmFit:
     arm: str  # identifier: "key=value, ..." over the arm keys
     values: dict[str, Any]  # arm key -> config value
     is_baseline: bool
-    rungs: list[RungData]
+    rungs: list[RungData]  # the cells the fits use
     fit: PowerLaw | None = None
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # E, A, alpha -> (low, high)
     boot: np.ndarray | None = None  # (n_boot, 3) of (E, log A, alpha); NaN rows: failed resamples
     objective: float = math.nan
     held_out: HeldOut | None = None
     c_ref: float = math.nan
+    left_out: list[RungData] = field(default_factory=list)  # cells with stalled runs: in no fit
+
+    @property
+    def cells(self) -> list[RungData]:
+        """Every cell, fitted or left out, by (rung, budget)."""
+        return sorted([*self.rungs, *self.left_out], key=lambda r: (r.rung, r.budget))
 
     @property
     def compute_range(self) -> tuple[float, float]:
@@ -346,6 +355,18 @@ class ScalingStudy:
     def chosen_fit(self) -> FormFit | None:
         return self.forms.get(self.chosen) if self.chosen else None
 
+    def held_out_error(self, arm: str) -> float:
+        """The held-out-rung error of the fit the multipliers come from, for one arm: the chosen form's (its
+        worst held-out cell), else the arm's own fit's (NaN: no held-out check, e.g. only 3 rungs)."""
+        names = [a.arm for a in self.arms]
+        if arm not in names:
+            return math.nan
+        ff = self.chosen_fit
+        if ff is not None and ff.fitted:
+            return ff.held_out_error(names.index(arm))
+        held = self.arms[names.index(arm)].held_out
+        return held.rel_error if held is not None else math.nan
+
     @property
     def forms_table(self) -> pd.DataFrame:
         """One row per (form, arm): parameters, held-out errors and compute multipliers (scaling_forms.csv)."""
@@ -416,11 +437,12 @@ class ScalingStudy:
             {"arm": a.arm, "rung": r.rung, "rung_label": r.label, "budget": r.budget, "params": r.params,
              "params_key": self.params_key, "tokens": r.tokens,
              "compute": r.compute, "n_runs": r.n_runs, "n_fitted": len(r.run_ids), "stalled": r.stalled,
+             "in_fit": not r.stalled,
              "mean_loss": r.mean_loss, "min_loss": float(np.min(r.losses)), "max_loss": float(np.max(r.losses)),
              "fit_loss": float(a.fit.loss(r.compute)) if a.fit else math.nan,
              "chosen_fit_loss": self.chosen_loss(i, r),
              "lr": r.lr if r.lr is not None else math.nan, "run_ids": " ".join(r.run_ids)}
-            for i, a in enumerate(self.arms) for r in a.rungs
+            for i, a in enumerate(self.arms) for r in a.cells
         ]  # fmt: skip
         return pd.DataFrame(rows)
 
@@ -696,10 +718,12 @@ def scaling_study(
         cells.setdefault((arm_of[r], design.rung_of[r], budget_of[r]), []).append(r)
     bad: dict[str, list[str]] = {W_NOT_COMPLETED: [], W_NO_COMPUTE: [], W_NONFINITE_LOSS: []}
     tokens = dict(zip(rs.runs["run_id"], pd.to_numeric(rs.runs[M.TOTAL_TOKENS], errors="coerce")))
-    stalled = {r: _summary_value(d, STALLED_KEY) == 1 for r, d in zip(rs.runs["run_id"], rs.runs["run_dir"])}
+    # the loader's judgment (analysis.sources.load: lm_ablate/stall.py on each run's logged curve), as the claims
+    # count it; not summary.json's flag, which a record written by an older rule may hold differently
+    stalled = dict(zip(rs.runs["run_id"], rs.runs[M.STALLED].astype(bool)))
     arms: list[ArmFit] = []
     for name in arm_names:
-        rungs = []
+        rungs, left_out = [], []
         for key in sorted(k for k in cells if k[0] == name):
             members = sorted(cells[key], key=lambda r: (value_order(rs.configs[r].get(M.SEED)), r))
             cell = _cell(rs, design, name, key[1], members, status, loss, compute, params, bad, warnings)
@@ -710,8 +734,8 @@ def scaling_study(
                 if cell.stalled:
                     warnings.append(ScalingWarning(W_STALLED, name, key[1], cell.stalled, previous=len(cell.run_ids),
                                                    param=f"{key[2]:g}"))  # fmt: skip
-                rungs.append(cell)
-        arms.append(ArmFit(name, values[name], name == base, rungs))
+                (left_out if cell.stalled else rungs).append(cell)
+        arms.append(ArmFit(name, values[name], name == base, rungs, left_out=left_out))
     bad[W_NO_CONFIG] = [r for r in rs.runs["run_id"] if r not in rs.configs]
     for code, ids in bad.items():
         if ids:
@@ -1055,10 +1079,10 @@ def _rankings(study: ScalingStudy) -> list[RungRanking]:
     its interval (paired by seed when both sides ran the same seeds, else Welch)."""
     if not study.arms:
         return []
-    base = {(r.rung, r.budget): r for r in study.arms[0].rungs}
+    base = {(r.rung, r.budget): r for r in study.arms[0].cells}
     out = []
     for arm in study.arms[1:]:
-        for r in arm.rungs:
+        for r in arm.cells:
             b = base.get((r.rung, r.budget))
             if b is None:
                 continue

@@ -14,8 +14,8 @@ from lm_ablate import stall
 STALL_WORDS = (
     f"completed, but its last val loss is at least {1 - stall.UNIGRAM_MARGIN:.0%} of the data's unigram loss "
     f"(the validation split's cross-entropy under the training split's add-one unigram distribution: "
-    f"{stall.UNIGRAM}) or fell less than {stall.FELL_LESS_THAN:.1%} from the first evaluation after step 0 to the "
-    f"last ({stall.FLAT}); lm_ablate/stall.py"
+    f"{stall.UNIGRAM}) or fell less than {stall.FELL_LESS_THAN:.1%} from the first evaluation after step 0 (within "
+    f"the first {stall.FLAT_FROM:.0%} of the run's steps) to the last ({stall.FLAT}); lm_ablate/stall.py"
 )
 
 

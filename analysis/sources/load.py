@@ -841,7 +841,8 @@ def _judge_stalls(runs: pd.DataFrame, history: dict[str, pd.DataFrame], configs:
         if status != M.STATUS_COMPLETED:
             found = None
         elif hist is not None and M.VAL_LOSS in hist.columns and hist[M.VAL_LOSS].notna().any():
-            found = stall.reason(stall.after_init(hist.index, hist[M.VAL_LOSS]), u)
+            steps, losses = stall.evaluations(hist.index, hist[M.VAL_LOSS])
+            found = stall.reason(losses, u, steps)
         else:
             flagged = isinstance(recorded, (bool, np.bool_)) and bool(recorded)
             found = (why if isinstance(why, str) else stall.UNIGRAM) if flagged else None

@@ -19,11 +19,13 @@ from analysis.compute.claims import (
     MIXED,
     NOTE_BEYOND_VALIDATED,
     NOTE_CELL_BEST_LR,
+    NOTE_FIT_OFF_GOAL,
     NOTE_GRIDS_DIFFER,
     NOTE_SEEDS_LEFT_OUT,
     NOTE_SPEED_UNSTEADY,
     SPEED_SPREAD_LIMIT,
     UNTESTED,
+    WHY_FIT_OFF_GOAL,
     WHY_NO_ARM,
     WHY_NO_ARM_VALUES,
     WHY_NO_BASELINE,
@@ -34,6 +36,7 @@ from analysis.compute.claims import (
     WHY_NO_SCALING,
     WHY_NOT_SCALING_BASELINE,
     WHY_NOT_VARIED,
+    WHY_SPEED_UNSTEADY,
     WHY_STALLED,
     WHY_UNKNOWN_KEY,
     ClaimResult,
@@ -41,6 +44,7 @@ from analysis.compute.claims import (
     Effect,
 )
 from analysis.compute.compare import TEST_PAIRED, TEST_WELCH
+from analysis.compute.scaling import HELD_OUT_GOAL
 from analysis.present.document import Block, Bullets, Heading, Para, Table
 from analysis.present.format import finite
 from analysis.sources.values import override_text
@@ -75,10 +79,23 @@ WHY_TEXT = {
     WHY_NOT_SCALING_BASELINE: "compute multipliers are against the scaling study's baseline, not this one",
     WHY_NO_MULTIPLIER: "the scaling study has no multiplier for the arm there",
     WHY_STALLED: "stalled seeds are no data points of an effect",
+    WHY_FIT_OFF_GOAL: (
+        f"the fit predicts a held-out rung with more than {HELD_OUT_GOAL:.0%} error (the Scaling section's "
+        "held-out checks): what it extrapolates is no evidence"
+    ),
+    WHY_SPEED_UNSTEADY: (
+        f"tokens/s varies more than {SPEED_SPREAD_LIMIT:g}x between the runs of a side (at every LR of its grid): "
+        "the machine's load changed while they ran, so the ratio is not to be trusted"
+    ),
 }
+NOTE_OF_WHY = {WHY_SPEED_UNSTEADY: NOTE_SPEED_UNSTEADY, WHY_FIT_OFF_GOAL: NOTE_FIT_OFF_GOAL}  # the note a reason says
 NOTE_TEXT = {
     NOTE_BEYOND_VALIDATED: "the fits are extrapolated further than the held-out rung checked them: read with care",
-    NOTE_SPEED_UNSTEADY: f"tokens/s varies more than {SPEED_SPREAD_LIMIT:g}x within an arm: not to be trusted",
+    NOTE_FIT_OFF_GOAL: f"the fit missed its held-out rung by more than {HELD_OUT_GOAL:.0%}",
+    NOTE_SPEED_UNSTEADY: (
+        f"tokens/s varies more than {SPEED_SPREAD_LIMIT:g}x between the runs of a side (at every LR of its grid): "
+        "not to be trusted"
+    ),
     NOTE_GRIDS_DIFFER: "the arm and the baseline ran different LR grids",
     NOTE_SEEDS_LEFT_OUT: "seeds that missed an LR of their grid were left out",
 }
@@ -176,7 +193,8 @@ def reason_text(result: ClaimResult) -> str:
         if stalled_text(result):  # a metric about failing to train: its stalled seeds are data, and said so
             parts.append(stalled_text(result) + " (data of this metric)")
     if result.effect is not None:
-        parts += [NOTE_TEXT.get(n, n) for n in result.effect.notes if n != NOTE_CELL_BEST_LR]  # "decided at" says it
+        said = {NOTE_CELL_BEST_LR, NOTE_OF_WHY.get(result.why, "")}  # said by "decided at", or by the reason
+        parts += [NOTE_TEXT.get(n, n) for n in result.effect.notes if n not in said]
     return "; ".join(parts)
 
 

@@ -120,8 +120,9 @@ def warning_text(w: ScalingWarning, study: ScalingStudy, status: dict[str, str] 
         return (f"{w.arm}: at C = {sci(w.value)} its fit goes below the baseline's E: the baseline never "
                 "reaches that loss (CM = ∞).")  # fmt: skip
     if w.code == W_STALLED:
-        return (f"{w.arm}, rung {rung} (budget {w.param}): {w.value} of {w.previous} fitted run(s) stalled on the "
-                "unigram plateau; they stay in the fit, and that rung's ranking is inconclusive.")  # fmt: skip
+        return (f"{w.arm}, rung {rung} (budget {w.param}): {w.value} of {w.previous} run(s) stalled (on the "
+                "unigram plateau or flat): the cell is left out of every fit (outside the power-law regime), and "
+                "that rung's ranking is inconclusive.")  # fmt: skip
     if w.code == W_OFF_FIT:
         return (f"{w.arm}, rung {rung} (budget {w.param}): its mean loss departs from the chosen fit by "
                 f"{pct(w.value)}, more than the {pct(HELD_OUT_GOAL)} held-out goal.")  # fmt: skip
@@ -207,10 +208,10 @@ def _rung_table(study: ScalingStudy) -> Table:
                "mean loss", "min–max", "own fit at C", chosen, *(["learning rate"] if study.lr_selected else [])]  # fmt: skip
     rows = []
     for i, a in enumerate(study.arms):
-        for r in a.rungs:
+        for r in a.cells:
             row = [a.arm, r.label, *([f"{r.budget:g}"] if several else []),
                    f"{r.params:,.0f}" if number(r.params) else "–", sci(r.compute), str(r.n_runs),
-                   str(len(r.run_ids)), str(r.stalled), fixed(r.mean_loss),
+                   str(len(r.run_ids)) if not r.stalled else "0 (left out)", str(r.stalled), fixed(r.mean_loss),
                    f"{fixed(min(r.losses))}–{fixed(max(r.losses))}",
                    fixed(float(a.fit.loss(r.compute))) if a.fit else "–", fixed(study.chosen_loss(i, r))]  # fmt: skip
             if study.lr_selected:
