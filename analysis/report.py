@@ -6,9 +6,12 @@ Usage::
 
     python -m analysis.report [PATH ...] [--wandb ENTITY/PROJECT [--group G] [--offline]] --out DIR
                               [--by KEY ...] [--baseline KEY=VALUE] [--title T] [--workers N]
+                              [--fit FORM] [--fit-budgets B[,B ...]]
 
 Runs come from run directories (PATHs), a W&B project (``--wandb``; cached under DIR/wandb_cache so
-``--offline`` rebuilds without the network), or both.
+``--offline`` rebuilds without the network), or both. ``--fit`` and ``--fit-budgets`` refit a ladder's recorded
+runs with another form or only some of its budgets (over the runs' ``ladder.fit``, ``ladder.fit_budgets``; the
+report says so); nothing is trained again and no run record changes.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from analysis.present.report import build_blocks, default_title, report_columns
 from analysis.sources.combined import load_sources
 from analysis.sources.load import AnalysisError
 from lm_ablate.sweep_check import unwritable
+from lm_ablate.validation import FIT_FORMS
 
 __all__ = ["AnalysisError", "build_report", "main"]  # what lm_ablate.study and scripts/gallery.py call
 
@@ -76,6 +80,8 @@ def build_report(
     group: str | None = None,
     offline: bool = False,
     workers: int | None = None,
+    fit: str | None = None,
+    fit_budgets: Sequence[float] | None = None,
 ) -> Path:
     """Load the runs under ``paths`` (and/or of the W&B project ``wandb``), compare them and write
     report.html, report.md (with its PNGs), runs.csv/.parquet, comparisons.csv/.parquet and, when the
@@ -84,14 +90,21 @@ def build_report(
     Returns the path of report.html.
 
     ``baseline`` is ``"KEY=VALUE"``. ``workers``: processes for loading and drawing (default: the CPUs this
-    process may use, at most 8). Raises :class:`AnalysisError` (one line) for no runs or a bad key.
+    process may use, at most 8). ``fit``, ``fit_budgets``: the scaling fit's form and budgets, over what the
+    runs recorded (analysis/compute/scaling.py). Raises :class:`AnalysisError` (one line) for no runs or a bad key.
     """
     workers = default_workers() if workers is None else max(1, workers)
+    if fit is not None and fit not in FIT_FORMS:
+        raise AnalysisError(f"--fit={fit} is invalid: allowed: {', '.join(FIT_FORMS)}")
     check_out_dir(out_dir)
     rs = load_sources(paths, out_dir, wandb, group, offline, workers, keep=report_columns)
     cs = compare_runs(rs, by=by, baseline=baseline)
     sweep = lr_sweep(rs)
-    scaling = scaling_study(rs, baseline)
+    scaling = scaling_study(rs, baseline, fit=fit, fit_budgets=fit_budgets)
+    if scaling is None and (fit is not None or fit_budgets):
+        flag = "--fit" if fit is not None else "--fit-budgets"
+        raise AnalysisError(f"{flag} is invalid for these runs: it refits a ladder, and they do not vary model size; "
+                            "allowed: runs of a ladder study (ladder.rung swept)")  # fmt: skip
     claims = evaluate_claims(rs, scaling=scaling)
     title = title or default_title(rs)
     blocks = build_blocks(rs, cs, title, smoothing, sweep, workers, scaling=scaling, claims=claims)
@@ -137,16 +150,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--baseline", metavar="KEY=VALUE", help="baseline arm, e.g. norm.name=layernorm")
     parser.add_argument("--title", help="report title (default: from the study name)")
     parser.add_argument("--workers", type=int, help="processes for loading and drawing (default: CPUs, max 8)")
+    parser.add_argument("--fit", metavar="FORM", help=f"a ladder's scaling fit form: {', '.join(FIT_FORMS)} "
+                        "(default: the runs' ladder.fit)")  # fmt: skip
+    parser.add_argument("--fit-budgets", metavar="B[,B...]", help="fit only the cells of these budgets, e.g. 1 "
+                        "(default: the runs' ladder.fit_budgets, else every budget)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         path = build_report(
             args.paths, args.out, by=args.by, baseline=args.baseline, title=args.title, wandb=args.wandb,
-            group=args.group, offline=args.offline, workers=args.workers,
+            group=args.group, offline=args.offline, workers=args.workers, fit=args.fit,
+            fit_budgets=_budget_list(args.fit_budgets),
         )  # fmt: skip
     except AnalysisError as exc:
         return error(exc)
     print(path)  # last line of stdout, so scripts can take it with `tail -n1`
     return 0
+
+
+def _budget_list(text: str | None) -> list[float] | None:
+    """--fit-budgets "0.5,1" -> [0.5, 1.0]; one line for anything but positive numbers."""
+    if text is None:
+        return None
+    try:
+        out = [float(b) for b in text.split(",")]
+    except ValueError:
+        out = []
+    if not out or not all(math.isfinite(b) and b > 0 for b in out):
+        raise AnalysisError(f"--fit-budgets {text} is invalid: allowed: budgets the runs trained, comma-separated, "
+                            "e.g. 1 or 0.5,1")  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

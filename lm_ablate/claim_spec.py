@@ -43,7 +43,8 @@ without warmup at a high LR") says so by pinning the keys in its ``context``
 seeds (lm_ablate/stall.py) among the runs it is decided on, the verdict is **inconclusive** ("k of n seeds
 stalled") unless the metric is about failing to train (``MetricSpec.failures``: capped_val_loss, lr_sensitivity,
 best_lr_spread) or the claim says it is (``counts_failures: true``: "post-norm trains worse, or not at all", on
-any metric), where a stalled run is a data point.
+any metric), where a stalled run is a data point, or the metric is read at initialization (``MetricSpec.at_init``:
+init_grad_growth, the first probe's gradients), before anything a later stall could change.
 
 This module is the schema and its checks: :func:`parse_claims` (fields, types, names; called by
 :func:`lm_ablate.config.validate` for every run) and :func:`check_claims_against_arms` (the claim refers to keys
@@ -87,7 +88,9 @@ class MetricSpec:
     scored at the cap), so stalled seeds do not make its verdict inconclusive. ``at_best_lr``: the metric pools
     the LR and takes each side at its own best LR (every metric that does not pool the LR is decided so too
     when the runs vary it and the claim's context does not pin it; analysis/compute/claims.py). ``needs``: the
-    claim fields of METRIC_FIELDS the metric requires (``downstream``: task and kind); no other metric takes them."""
+    claim fields of METRIC_FIELDS the metric requires (``downstream``: task and kind); no other metric takes them.
+    ``at_init``: read at initialization (the first probe, before an update moves the weights), so a run's later
+    stall cannot change it and stalled seeds do not make its verdict inconclusive either."""
 
     what: str
     ratio: bool = False
@@ -96,6 +99,7 @@ class MetricSpec:
     failures: bool = False
     at_best_lr: bool = False
     needs: tuple[str, ...] = ()
+    at_init: bool = False
 
 
 METRICS: dict[str, MetricSpec] = {
@@ -126,6 +130,7 @@ METRICS: dict[str, MetricSpec] = {
         "gradient norm of the last block over that of the first block at the first probe (initialization), "
         "as a ratio of these ratios arm / baseline",
         ratio=True,
+        at_init=True,
     ),
     "lr_sensitivity": MetricSpec(
         "LR sensitivity E_lr[min(loss(lr), ln V) - loss*] over the arm's LR grid (Wortsman et al. 2023), "
@@ -220,8 +225,9 @@ class Claim:
 
     @property
     def stalls_are_data(self) -> bool:
-        """Stalled seeds are data points of this claim (its metric or the claim itself is about failing to train)."""
-        return self.spec.failures or self.counts_failures
+        """Stalled seeds do not withhold this claim's verdict: its metric or the claim itself is about failing to
+        train (a stalled run is a data point), or the metric is read at initialization, before any stall."""
+        return self.spec.failures or self.spec.at_init or self.counts_failures
 
 
 def _where(index: int, raw: Any) -> str:

@@ -237,6 +237,8 @@ class LadderConfig:
     # the largest of budgets, with a branch for each of the others
     fit: Optional[str] = "auto"  # the scaling fit the report's claims use (docs/ladders.md): auto | per_arm |
     # shared_e | shared_e_alpha | nd_per_arm | nd_shared_e | nd_shared_exponents
+    fit_budgets: Optional[list[float]] = None  # the budgets whose cells the scaling fits use, a subset of budgets
+    # (e.g. those past an early plateau); null = every budget. The report's --fit-budgets refits recorded runs
 
 
 @dataclass

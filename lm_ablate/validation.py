@@ -351,6 +351,12 @@ def check_budgets(cfg: Any) -> None:
         if budgets is not None and lad.budget not in budgets:
             raise bad("ladder.budget", lad.budget, f"must be one of ladder.budgets {budgets} (or null: the largest, "
                       "with a decay branch at each of the others)")  # fmt: skip
+    fit = None if getattr(lad, "fit_budgets", None) is None else list(lad.fit_budgets)
+    if fit is not None:
+        trained = budgets if budgets is not None else [1.0]
+        if not fit or any(isinstance(b, bool) or b not in trained for b in fit):
+            raise bad("ladder.fit_budgets", fit, f"allowed: a non-empty subset of ladder.budgets {trained} (the "
+                      "budgets whose cells the scaling fits use), or null: every budget")  # fmt: skip
     branches = budgets is not None and len(budgets) > 1 and lad.budget is None
     if branches and cfg.optim.schedule != "wsd":
         raise bad("optim.schedule", cfg.optim.schedule, f"ladder.budgets {budgets} branches a decay from the "

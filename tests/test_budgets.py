@@ -158,6 +158,9 @@ def test_a_branch_start_of_another_config_is_refused(branched, tmp_path, cache_d
         (["ladder.budgets=[0.999,1]"], "ladder.budgets=", "the same"),
         (["ladder.params=all"], "ladder.params=", "non_embedding, total"),
         (["ladder.fit=best"], "ladder.fit=", "shared_e"),
+        (["ladder.budgets=[0.5,1]", "ladder.fit_budgets=[2]"], "ladder.fit_budgets=", "subset of ladder.budgets"),
+        (["ladder.budgets=[0.5,1]", "ladder.fit_budgets=[]"], "ladder.fit_budgets=", "non-empty subset"),
+        (["ladder.fit_budgets=[0.5]"], "ladder.fit_budgets=", "ladder.budgets [1.0]"),
     ],
 )
 def test_bad_budgets_fail_in_one_line_naming_the_key(overrides, starts, words):

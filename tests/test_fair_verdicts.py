@@ -14,6 +14,7 @@ import pytest
 from analysis.compute.claims import CONTRADICTED, HELD, INCONCLUSIVE, WHY_STALLED, evaluate_claims
 from analysis.present.document import render_markdown
 from analysis.present.sections.claims import claims_blocks, reason_text
+from analysis.sources.load import FIRST_PROBE_PREFIX
 from lm_ablate import metrics as M
 from lm_ablate.config import ConfigError
 from tests.test_claims import claim, paired_interval, runset
@@ -50,6 +51,26 @@ def test_a_metric_about_failing_to_train_counts_stalled_seeds_as_data():
     (res,) = evaluate_claims(bimodal(flags=True), [claim(metric="capped_val_loss", expect="lower")]).results
     assert res.verdict == HELD and res.why == "" and res.baseline_stalled == (2, 3)
     assert reason_text(res) == "2 of 3 seeds of pre stalled (data of this metric)"
+
+
+def test_a_metric_read_at_initialization_is_decided_whatever_stalled_later():
+    """pre_vs_post_norm: post-LN at unit init stalled in every seed, but its init gradient growth is read at the
+    first probe, before a stall can change anything: decided, and the stall said."""
+    grads = lambda g0, g1: {f"{FIRST_PROBE_PREFIX}layer/0/grad_norm": g0, f"{FIRST_PROBE_PREFIX}layer/1/grad_norm": g1}
+    post = [grads(1.5, 2.7), grads(1.8, 3.2), grads(1.9, 3.3)]
+    pre = [grads(2.0, 1.6), grads(2.1, 1.5), grads(1.9, 1.7)]
+    specs = [(("post",), s, {**g, M.FINAL_VAL_LOSS: 3.30, **STALLED}) for s, g in enumerate(post)]
+    specs += [(("pre",), s, {**g, M.FINAL_VAL_LOSS: 2.46}) for s, g in enumerate(pre)]
+    c = claim(metric="init_grad_growth", expect="higher")
+    (res,) = evaluate_claims(runset(specs), [c]).results
+    logs = [math.log(a[k1] / a[k0]) - math.log(b[k1] / b[k0]) for a, b in zip(post, pre)
+            for k0, k1 in [(f"{FIRST_PROBE_PREFIX}layer/0/grad_norm", f"{FIRST_PROBE_PREFIX}layer/1/grad_norm")]]  # fmt: skip
+    assert res.effect.estimate == pytest.approx(math.exp(sum(logs) / 3))
+    assert (res.verdict, res.why, res.arm_stalled) == (HELD, "", (3, 3))
+    assert reason_text(res) == "3 of 3 seeds of post stalled (later; this metric is read at initialization)"
+    # the same stalls withhold a verdict on the final loss
+    (loss,) = evaluate_claims(runset(specs), [claim(expect="higher")]).results
+    assert (loss.verdict, loss.why) == (INCONCLUSIVE, WHY_STALLED)
 
 
 # post is best at the top of the grid, pre at the bottom; at the LR they share in the middle post is worse

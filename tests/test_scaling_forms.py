@@ -41,7 +41,7 @@ def nd_law(n: float, d: float, mult: float = 1.0) -> float:
 
 
 def write_nd_ladder(root: Path, sigma: float = 0.003, seed: int = 0, budgets=BUDGETS, tasks: bool = False,
-                    fit: str | None = None, rungs: int = 5) -> Path:  # fmt: skip
+                    fit: str | None = None, rungs: int = 5, fit_budgets: list | None = None) -> Path:  # fmt: skip
     """2 arms × ``rungs`` rungs × budgets × 3 seeds at 6·N FLOPs/token; the largest budget is the parent record,
     the others its branches (``<job>.budget=<b>``, ladder.budget set), as lm_ablate/budgets.py writes them."""
     rng = np.random.default_rng(seed)
@@ -54,7 +54,8 @@ def write_nd_ladder(root: Path, sigma: float = 0.003, seed: int = 0, budgets=BUD
                     d = int(20 * b * n)
                     loss = nd_law(n, d, mult) * math.exp(sigma * rng.standard_normal())
                     ladder = {"name": "cpu", "rung": rung, "tokens_per_param": 20, "budgets": list(budgets),
-                              "budget": None if b == budgets[-1] else b, **({"fit": fit} if fit else {})}  # fmt: skip
+                              "budget": None if b == budgets[-1] else b, **({"fit": fit} if fit else {}),
+                              **({"fit_budgets": fit_budgets} if fit_budgets else {})}  # fmt: skip
                     cfg = {"model": {"name": "ladder", "d_model": 32 * (rung + 1), "n_layers": 2 + rung, "n_heads": 4},
                            "norm": {"name": arm, "placement": "pre"}, "optim": {"name": "adamw", "lr": 3e-3},
                            "train": {"max_tokens": d}, "seed": s, "study": "ladder", "ladder": ladder}  # fmt: skip
@@ -416,6 +417,92 @@ def test_a_cell_with_a_stalled_run_is_marked_left_out_of_the_fits_and_undecided(
     alone = study_of(without, n_boot=20).arms[1]
     assert alone.fit is not None and arm.fit is not None
     assert (arm.fit.E, arm.fit.A, arm.fit.alpha) == pytest.approx((alone.fit.E, alone.fit.A, alone.fit.alpha))
+
+
+PLATEAU = 2.5  # where the smaller budgets sit in plateau_ladder: an early plateau no power law in D has
+
+
+def plateau_ladder(root: Path, **kw) -> Path:
+    """write_nd_ladder with budgets 0.25, 0.5, 1 whose two smaller budgets sit on a plateau at PLATEAU (as the CPU
+    ladders' small budgets sit at the data's bigram level: docs/ladders.md), the largest on the L(N, D) law."""
+    write_nd_ladder(root, budgets=(0.25, 0.5, 1.0), **kw)
+    rng = np.random.default_rng(7)
+    for run in sorted(root.glob("*.budget=*")):
+        loss = PLATEAU * math.exp(0.003 * rng.standard_normal())
+        summary = json.loads((run / M.SUMMARY_FILE).read_text())
+        (run / M.SUMMARY_FILE).write_text(json.dumps({**summary, M.FINAL_VAL_LOSS: loss}))
+        rows = [{M.STEP: 0, M.VAL_LOSS: 5.5}, {M.STEP: 50, M.VAL_LOSS: 3.0}, {M.STEP: 100, M.VAL_LOSS: loss}]
+        (run / M.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def test_fit_budgets_fit_only_those_cells_and_equal_a_ladder_of_them_alone(tmp_path):
+    """ladder.fit_budgets / --fit-budgets: the fits of the largest budget alone are those of a ladder that trained
+    only it (its branches deleted); the other cells stay in the rung table and the ranking, in no fit."""
+    root = plateau_ladder(tmp_path / "runs")
+    every = study_of(root, n_boot=20)
+    only = study_of(root, n_boot=20, fit_budgets=[1])
+    alone_root = tmp_path / "alone"
+    shutil.copytree(root, alone_root)
+    for run in alone_root.glob("*.budget=*"):
+        shutil.rmtree(run)
+    alone = study_of(alone_root, n_boot=20)
+    assert only.fit_budgets == [1.0] and only.set_at_report == ("--fit-budgets",) and every.fit_budgets is None
+    assert only.budgets == every.budgets == [0.25, 0.5, 1.0]  # the rung table still shows every budget
+    assert only.chosen == alone.chosen == "shared_e" and every.chosen != "shared_e"  # one budget: L(C) forms
+    for name in ("per_arm", "shared_e", "shared_e_alpha"):
+        assert only.forms[name].raw == pytest.approx(alone.forms[name].raw, rel=1e-9)
+        assert only.forms[name].held_out_error(1) == pytest.approx(alone.forms[name].held_out_error(1), rel=1e-9)
+    assert not only.forms["nd_shared_e"].fitted  # one budget in the fit: L(N, D) cannot be told apart
+    (m,) = [m for m in only.multipliers if m.at == "largest"]
+    (m_alone,) = [m for m in alone.multipliers if m.at == "largest"]
+    assert (m.cm, m.low, m.high) == pytest.approx((m_alone.cm, m_alone.low, m_alone.high), rel=1e-9)
+    # the plateau bends every all-budget fit: the largest budget's fit predicts its held-out rung far better
+    worst = lambda st: max(st.forms[st.chosen].held_out_error(k) for k in range(2))
+    assert worst(only) < S.HELD_OUT_GOAL < worst(every)
+    table = only.rung_table
+    assert (table["in_fit"] == (table["budget"] == 1.0)).all() and len(table) == len(every.rung_table) == 30
+    assert len(only.rankings) == len(every.rankings) == 15  # the single-rung ranking at every (rung, budget)
+    text = render_markdown(scaling_blocks(only))
+    assert "0 (budget not fitted)" in text and "only the cells of budget 1 (set at report time" in text
+    # recorded in the runs (ladder.fit_budgets), the same fit, said so
+    recorded = study_of(plateau_ladder(tmp_path / "recorded", fit_budgets=[1]), n_boot=20)
+    assert recorded.set_at_report == () and recorded.fit_budgets == [1.0]
+    assert recorded.forms["shared_e"].raw == pytest.approx(only.forms["shared_e"].raw, rel=1e-9)
+    assert "(ladder.fit_budgets)" in render_markdown(scaling_blocks(recorded))
+
+
+def test_fit_budgets_and_fit_from_the_report_command_line(tmp_path, capsys):
+    """python -m analysis.report --fit-budgets / --fit: refit without training; bad values are one line, exit 2,
+    before anything is written; no run record changes."""
+    from analysis.report import main
+
+    root = plateau_ladder(tmp_path / "runs")
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    out = tmp_path / "report"
+    assert main([str(root), "--out", str(out), "--fit-budgets", "1", "--fit", "shared_e_alpha"]) == 0
+    text = (out / "report.md").read_text()
+    assert "only the cells of budget 1 (set at report time" in text and "was set at report time (--fit)" in text
+    forms = __import__("pandas").read_csv(out / "scaling_forms.csv")
+    assert set(forms.loc[forms["chosen"], "form"]) == {"shared_e_alpha"}
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+    for flags, words in (
+        (["--fit-budgets", "2"], "--fit-budgets=2 is invalid: allowed: budgets these runs trained (0.25, 0.5, 1)"),
+        (["--fit-budgets", "one"], "--fit-budgets one is invalid: allowed: budgets the runs trained"),
+        (["--fit", "cubic"], "--fit=cubic is invalid: allowed: auto, per_arm"),
+        (["--fit-budgets", "1", "--fit", "nd_shared_e"], "--fit=nd_shared_e is invalid here: an L(N, D) form"),
+    ):
+        capsys.readouterr()
+        bad = tmp_path / f"bad{len(flags[1])}{flags[0]}"
+        assert main([str(root), "--out", str(bad), *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and "\n" not in err and "Traceback" not in err, err
+        assert not (bad / "report.html").exists()
+    plain = tmp_path / "plain"
+    write_run(plain / "0", {"model": {"name": "tiny"}, "seed": 0}, [{M.STEP: 0, M.VAL_LOSS: 3.0}],
+              {M.STATUS: M.STATUS_COMPLETED, M.FINAL_VAL_LOSS: 3.0})  # fmt: skip
+    assert main([str(plain), "--out", str(tmp_path / "p"), "--fit-budgets", "1"]) == 2
+    assert "--fit-budgets is invalid for these runs: it refits a ladder" in capsys.readouterr().err
 
 
 def test_a_cell_off_the_chosen_fit_is_flagged(tmp_path):

@@ -44,7 +44,9 @@ fitted here is one line: L(N, D) without several budgets, a shared form across a
 Budgets (``ladder.budgets``, WSD-S branches: lm_ablate/budgets.py): a cell is (arm, rung, budget), the budget
 ``ladder.budget`` of the record (else the largest of ``ladder.budgets``, else 1). N is the parameter count
 ``ladder.params`` names (non-embedding unless total), D the run's tokens. The branches of a rung share its seeds,
-so the bootstrap draws the same seeds for every budget of a rung.
+so the bootstrap draws the same seeds for every budget of a rung. ``ladder.fit_budgets`` (or the report's
+``--fit-budgets``, which refits recorded runs) names the budgets whose cells the fits use, e.g. only those past an
+early plateau (docs/ladders.md); the other cells stay in the rung table and the single-rung ranking, in no fit.
 
 Also: a cell whose runs (at its chosen LR) include a stalled one (the runs table's ``stalled``: lm_ablate/stall.py
 on each run's curve; on the unigram plateau or flat) is left out of every fit and warned about: a run that has not
@@ -158,6 +160,7 @@ W_FRONTIER_OUTSIDE = "frontier_outside"  # arm, value = N_opt at the largest com
 LADDER_PARAMS_KEY = "ladder.params"  # the N a budget is a multiple of: non_embedding | total
 FIT_KEY = "ladder.fit"  # the form the claims use (lm_ablate/validation.py FIT_FORMS)
 BUDGET_KEY, BUDGETS_KEY = "ladder.budget", "ladder.budgets"
+FIT_BUDGETS_KEY = "ladder.fit_budgets"  # the budgets whose cells the fits use (null: every budget)
 DATA_PREFIX = "data."
 DATA_BOOKKEEPING = ("data.cache_dir", "data.num_proc")  # where data are cached, not what they are
 
@@ -219,6 +222,7 @@ class RungData:
     budget: float = 1.0  # multiple of tokens_per_param x N (ladder.budget; 1 without ladder.budgets)
     tokens: float = math.nan  # median D of the fitted runs
     stalled: int = 0  # stalled runs among run_ids (then the cell is left out of the fits: ArmFit.left_out)
+    unfitted: bool = False  # its budget is not one of ladder.fit_budgets: in no fit (ArmFit.left_out)
     losses_by_seed: dict[Any, float] = field(default_factory=dict)  # seed -> loss (the single-rung ranking)
 
     @property
@@ -248,7 +252,7 @@ class ArmFit:
     objective: float = math.nan
     held_out: HeldOut | None = None
     c_ref: float = math.nan
-    left_out: list[RungData] = field(default_factory=list)  # cells with stalled runs: in no fit
+    left_out: list[RungData] = field(default_factory=list)  # cells stalled or outside the fit budgets: in no fit
 
     @property
     def cells(self) -> list[RungData]:
@@ -341,6 +345,8 @@ class ScalingStudy:
     chosen_by: str = "default"  # requested (ladder.fit) | held_out (ladder.fit=auto) | default
     same_data: bool = True  # every arm trained on the same data with the same tokenizer
     budgets: list[float] = field(default_factory=list)  # the budgets of the cells (several: WSD-S)
+    fit_budgets: list[float] | None = None  # ladder.fit_budgets: the budgets the fits use (None: every budget)
+    set_at_report: tuple[str, ...] = ()  # the fit keys the report set over the runs' values (--fit, --fit-budgets)
     params_key: str = "non_embedding"  # ladder.params: the N of budgets and of L(N, D)
     rankings: list[RungRanking] = field(default_factory=list)
     tasks: Any = None  # analysis.compute.task_scaling.TaskStudy, when the runs have downstream metrics
@@ -437,7 +443,7 @@ class ScalingStudy:
             {"arm": a.arm, "rung": r.rung, "rung_label": r.label, "budget": r.budget, "params": r.params,
              "params_key": self.params_key, "tokens": r.tokens,
              "compute": r.compute, "n_runs": r.n_runs, "n_fitted": len(r.run_ids), "stalled": r.stalled,
-             "in_fit": not r.stalled,
+             "in_fit": not (r.stalled or r.unfitted),
              "mean_loss": r.mean_loss, "min_loss": float(np.min(r.losses)), "max_loss": float(np.max(r.losses)),
              "fit_loss": float(a.fit.loss(r.compute)) if a.fit else math.nan,
              "chosen_fit_loss": self.chosen_loss(i, r),
@@ -692,10 +698,14 @@ def scaling_study(
     seed: int = 0,
     delta: float = HUBER_DELTA,
     confidence: float = CONFIDENCE,
+    fit: str | None = None,
+    fit_budgets: Sequence[float] | None = None,
 ) -> ScalingStudy | None:
     """Fits, intervals, held-out checks and compute multipliers of every arm, or None when the runs do not
     vary model size. ``baseline`` is the report's ``--baseline KEY=VALUE`` (default: the arm of the first
-    run launched). Raises :class:`AnalysisError` for a baseline value no run has."""
+    run launched). ``fit`` and ``fit_budgets`` (the report's ``--fit`` and ``--fit-budgets``) replace the runs'
+    ``ladder.fit`` and ``ladder.fit_budgets``: a ladder refitted without training again. Raises
+    :class:`AnalysisError` for a baseline value no run has, or a form or budgets these runs cannot fit."""
     design = _design(rs)
     if design is None:
         return None
@@ -716,6 +726,7 @@ def scaling_study(
     cells: dict[tuple[str, int, float], list[str]] = {}
     for r in placed:
         cells.setdefault((arm_of[r], design.rung_of[r], budget_of[r]), []).append(r)
+    fitted = _fit_budgets(rs, placed, fit_budgets, sorted(set(budget_of.values())))
     bad: dict[str, list[str]] = {W_NOT_COMPLETED: [], W_NO_COMPUTE: [], W_NONFINITE_LOSS: []}
     tokens = dict(zip(rs.runs["run_id"], pd.to_numeric(rs.runs[M.TOTAL_TOKENS], errors="coerce")))
     # the loader's judgment (analysis.sources.load: lm_ablate/stall.py on each run's logged curve), as the claims
@@ -731,10 +742,11 @@ def scaling_study(
                 cell.budget = key[2]
                 cell.tokens = float(np.nanmedian([tokens.get(r, math.nan) for r in cell.run_ids]))
                 cell.stalled = sum(stalled.get(r, False) for r in cell.run_ids)
-                if cell.stalled:
+                cell.unfitted = fitted is not None and not any(math.isclose(key[2], b) for b in fitted)
+                if cell.stalled and not cell.unfitted:
                     warnings.append(ScalingWarning(W_STALLED, name, key[1], cell.stalled, previous=len(cell.run_ids),
                                                    param=f"{key[2]:g}"))  # fmt: skip
-                (left_out if cell.stalled else rungs).append(cell)
+                (left_out if cell.stalled or cell.unfitted else rungs).append(cell)
         arms.append(ArmFit(name, values[name], name == base, rungs, left_out=left_out))
     bad[W_NO_CONFIG] = [r for r in rs.runs["run_id"] if r not in rs.configs]
     for code, ids in bad.items():
@@ -749,10 +761,12 @@ def scaling_study(
         warnings, design.lr_grid, n_boot, confidence, delta, design.rung_label,
     )  # fmt: skip
     study.same_data = _same_data(rs, placed, arm_of)
-    study.budgets = sorted({r.budget for a in arms for r in a.rungs})
+    study.budgets = sorted({r.budget for a in arms for r in a.cells})
+    study.fit_budgets = fitted
+    study.set_at_report = (*(["--fit"] if fit is not None else []), *(["--fit-budgets"] if fit_budgets else []))
     study.params_key = _one_value(rs, placed, LADDER_PARAMS_KEY, "non_embedding")
-    requested = _one_value(rs, placed, FIT_KEY, "auto")
-    _fit_forms(study, draws, requested)
+    requested = fit if fit is not None else _one_value(rs, placed, FIT_KEY, "auto")
+    _fit_forms(study, draws, requested, "--fit" if fit is not None else FIT_KEY)
     if study.chosen is None:  # no form fits every arm: each arm's own fit, as far as it goes
         laws = [(a.fit.as_array(), a.boot) if a.fit is not None and a.boot is not None else None for a in arms]
         valid = [_validated(a, arms[0]) for a in arms]
@@ -770,6 +784,42 @@ def _one_value(rs: RunSet, runs: list[str], key: str, default: str) -> str:
         raise AnalysisError(f"{key} differs between the runs of the scaling study ({', '.join(sorted(seen))}): "
                             "one value for every run of a study")  # fmt: skip
     return seen.pop() if seen else default
+
+
+def _fit_budgets(
+    rs: RunSet, runs: list[str], given: Sequence[float] | None, trained: list[float]
+) -> list[float] | None:
+    """The budgets the fits use: ``given`` (the report's --fit-budgets), else the runs' ladder.fit_budgets (one
+    value for every run), else None (every budget). One line when a budget is not one these runs trained."""
+    key = "--fit-budgets" if given else FIT_BUDGETS_KEY
+    if given:
+        chosen: tuple[float, ...] | None = tuple(float(b) for b in given)
+    else:
+        seen = {_budget_list(rs.configs[r].get(FIT_BUDGETS_KEY)) for r in runs}
+        if len(seen) > 1:
+            raise AnalysisError(f"{FIT_BUDGETS_KEY} differs between the runs of the scaling study "
+                                f"({', '.join(sorted(str(list(v)) if v else 'null' for v in seen))}): one value for "
+                                "every run of a study")  # fmt: skip
+        chosen = seen.pop() if seen else None
+    if chosen is None:
+        return None
+    unknown = [b for b in chosen if not any(math.isclose(b, t) for t in trained)]
+    if not chosen or unknown:
+        raise AnalysisError(f"{key}={','.join(f'{b:g}' for b in chosen)} is invalid: allowed: budgets these runs "
+                            f"trained ({', '.join(f'{b:g}' for b in trained)})")  # fmt: skip
+    return sorted(set(chosen))
+
+
+def _budget_list(value: Any) -> tuple[float, ...] | None:
+    """A recorded list of budgets (a list, or its JSON text in a flattened config) as floats; None for null."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, (list, tuple)):
+        return tuple(float(_num(v)) for v in value)
+    return None
 
 
 def _budget(cfg: dict[str, Any]) -> float:
@@ -1002,12 +1052,13 @@ FORM_REFUSED = {
 }
 
 
-def _fit_forms(study: ScalingStudy, draws: dict[int, np.ndarray], requested: str) -> None:
-    """Every form of analysis/compute/scaling_forms.py on all arms at once, the form the claims use (ladder.fit;
-    auto: by held-out error), its multipliers as ``study.multipliers``, and its warnings."""
+def _fit_forms(study: ScalingStudy, draws: dict[int, np.ndarray], requested: str, key: str = FIT_KEY) -> None:
+    """Every form of analysis/compute/scaling_forms.py on all arms at once, the form the claims use (ladder.fit,
+    or the report's --fit: ``key``; auto: by held-out error), its multipliers as ``study.multipliers``, and its
+    warnings."""
     arms = study.arms
     if requested not in FIT_FORMS:
-        raise AnalysisError(f"{FIT_KEY}={requested} is invalid: allowed: {', '.join(FIT_FORMS)}")
+        raise AnalysisError(f"{key}={requested} is invalid: allowed: {', '.join(FIT_FORMS)}")
     if not any(a.rungs for a in arms):
         return
     cells = [(k, r) for k, a in enumerate(arms) for r in a.rungs]
@@ -1035,11 +1086,11 @@ def _fit_forms(study: ScalingStudy, draws: dict[int, np.ndarray], requested: str
         ff = forms.get(requested)
         why = ff.why_not if ff is not None else SF.W_FORM_ONE_BUDGET
         if why == SF.W_FORM_FEW_POINTS and ff is not None:
-            raise AnalysisError(f"{FIT_KEY}={requested} is invalid here: it has {ff.n_params} parameters and the "
+            raise AnalysisError(f"{key}={requested} is invalid here: it has {ff.n_params} parameters and the "
                                 f"runs give {ff.n_cells} (arm, rung, budget) points; allowed: a form with fewer "
                                 "parameters, or auto")  # fmt: skip
         if why is not None:
-            raise AnalysisError(f"{FIT_KEY}={requested} is invalid here: {FORM_REFUSED[why]}")
+            raise AnalysisError(f"{key}={requested} is invalid here: {FORM_REFUSED[why]}")
     study.forms = forms
     study.chosen, study.chosen_by = SF.choose(forms, requested, HELD_OUT_GOAL)
     for name, ff in forms.items():
@@ -1068,7 +1119,8 @@ def _fit_forms(study: ScalingStudy, draws: dict[int, np.ndarray], requested: str
                                                  param=f"{c.budget:g}"))  # fmt: skip
     if ff.n_opt is not None:
         for k, a in enumerate(arms):
-            n_opt = math.exp(ff.n_opt[k, 0] + ff.n_opt[k, 1] * math.log(a.compute_range[1]))
+            log_n = ff.n_opt[k, 0] + ff.n_opt[k, 1] * math.log(a.compute_range[1])
+            n_opt = math.exp(min(log_n, 709.0))  # a degenerate frontier (b·s ≈ 0) puts N_opt past any float
             sizes = [r.params for r in a.rungs]
             if not min(sizes) <= n_opt <= max(sizes):
                 study.warnings.append(ScalingWarning(W_FRONTIER_OUTSIDE, a.arm, value=n_opt))

@@ -191,7 +191,9 @@ def reason_text(result: ClaimResult) -> str:
     else:
         parts = [WHY_TEXT.get(result.why, result.why)] if result.why else []
         if stalled_text(result):  # a metric about failing to train: its stalled seeds are data, and said so
-            parts.append(stalled_text(result) + " (data of this metric)")
+            at_init = result.claim.spec.at_init and not result.claim.counts_failures
+            parts.append(stalled_text(result) + (" (later; this metric is read at initialization)" if at_init
+                                                 else " (data of this metric)"))  # fmt: skip
     if result.effect is not None:
         said = {NOTE_CELL_BEST_LR, NOTE_OF_WHY.get(result.why, "")}  # said by "decided at", or by the reason
         parts += [NOTE_TEXT.get(n, n) for n in result.effect.notes if n not in said]

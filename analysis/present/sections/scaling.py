@@ -35,6 +35,7 @@ from analysis.compute.scaling import (
     W_SINGLE_SEED,
     W_STALLED,
     Multiplier,
+    RungData,
     ScalingStudy,
     ScalingWarning,
 )
@@ -211,7 +212,7 @@ def _rung_table(study: ScalingStudy) -> Table:
         for r in a.cells:
             row = [a.arm, r.label, *([f"{r.budget:g}"] if several else []),
                    f"{r.params:,.0f}" if number(r.params) else "–", sci(r.compute), str(r.n_runs),
-                   str(len(r.run_ids)) if not r.stalled else "0 (left out)", str(r.stalled), fixed(r.mean_loss),
+                   _fitted_text(r), str(r.stalled), fixed(r.mean_loss),
                    f"{fixed(min(r.losses))}–{fixed(max(r.losses))}",
                    fixed(float(a.fit.loss(r.compute))) if a.fit else "–", fixed(study.chosen_loss(i, r))]  # fmt: skip
             if study.lr_selected:
@@ -220,6 +221,13 @@ def _rung_table(study: ScalingStudy) -> Table:
             rows.append(row)
     first = 3 if several else 2
     return Table(headers, rows, frozenset(range(first, first + 10)))
+
+
+def _fitted_text(r: RungData) -> str:
+    """How many of a cell's runs the fits use: all of them, or none, and why."""
+    if r.unfitted:
+        return "0 (budget not fitted)"
+    return "0 (left out)" if r.stalled else str(len(r.run_ids))
 
 
 def _forms_table(study: ScalingStudy) -> Table:
@@ -313,15 +321,17 @@ def _task_blocks(study: ScalingStudy) -> list[Block]:
     tasks = study.tasks
     if tasks is None or not tasks.tasks:
         return []
-    headers = ["task", "arm", "held-out rung", "BPB measured", "BPB predicted", "relative error", "acc measured",
-               "acc from measured BPB", "acc chained", "chained error (points)"]  # fmt: skip
+    several = len({c.budget for t in tasks.tasks for c in t.checks}) > 1  # the held-out rung at each budget
+    headers = ["task", "arm", "held-out rung", *(["budget"] if several else []), "BPB measured", "BPB predicted",
+               "relative error", "acc measured", "acc from measured BPB", "acc chained", "chained error (points)"]  # fmt: skip
     rows = []
     for t in tasks.tasks:
         if not t.checks:
-            rows.append([t.task, "–", "–", "–", "–", f"no check ({t.why_not or 'the fit without the rung failed'})",
-                         "–", "–", "–", "–"])  # fmt: skip
+            rows.append([t.task, "–", "–", *(["–"] if several else []), "–", "–",
+                         f"no check ({t.why_not or 'the fit without the rung failed'})", "–", "–", "–", "–"])  # fmt: skip
         for c in t.checks:
             rows.append([t.task, study.arms[c.arm].arm, study.rung_labels.get(c.rung, str(c.rung)),
+                         *([f"{c.budget:g}"] if several else []),
                          fixed(c.bpb_observed), fixed(c.bpb_predicted), pct(c.bpb_rel_error), pct(c.acc_observed),
                          pct(c.acc_from_bpb), pct(c.acc_chained), f"{c.acc_points:.2f}" if number(c.acc_points) else "–"])  # fmt: skip
     return [
@@ -330,7 +340,7 @@ def _task_blocks(study: ScalingStudy) -> list[Block]:
             "the correct answer) against compute, step 2 one sigmoid from task loss to accuracy across arms; both "
             "refitted without each arm's largest rung, which they then predict."
         ),  # fmt: skip
-        Table(headers, rows, frozenset(range(3, 10))),
+        Table(headers, rows, frozenset(range(4 if several else 3, 11 if several else 10))),
     ]
 
 
@@ -359,6 +369,13 @@ def _intro(study: ScalingStudy) -> str:
         text += (f" Each rung trained {len(study.budgets)} budgets ({', '.join(f'{b:g}' for b in study.budgets)} × "
                  "tokens_per_param × N; the smaller ones decay branches of the largest, WSD-S): the points of an arm "
                  "are its (rung, budget) cells.")  # fmt: skip
+    if study.fit_budgets is not None:
+        by = ("set at report time (--fit-budgets), over what the runs recorded" if "--fit-budgets" in
+              study.set_at_report else "ladder.fit_budgets")  # fmt: skip
+        text += (f" The fits use only the cells of budget {', '.join(f'{b:g}' for b in study.fit_budgets)} ({by}); "
+                 "the other budgets' cells are in the rung table and the single-rung ranking, in no fit.")  # fmt: skip
+    if "--fit" in study.set_at_report:
+        text += " The form the claims use was set at report time (--fit), over the runs' ladder.fit."
     if study.chosen is not None:
         text += (f" The multipliers below and the claims come from the {study.chosen} form, L = "
                  f"{FORMULA[study.chosen]} ({CHOSEN_BY[study.chosen_by]}); every form is in the table of forms.")  # fmt: skip
@@ -408,7 +425,7 @@ def scaling_blocks(study: ScalingStudy, status: dict[str, str] | None = None) ->
     out += [Fig(fig, f"{fig.name}.png") for fig in scaling_figures(study)]
     out += _ranking_blocks(study)
     out += _task_blocks(study)
-    n = sum(len(a.rungs) for a in study.arms)
+    n = sum(len(a.cells) for a in study.arms)
     out.append(Details(f"Every arm × rung: {n} rows", [_rung_table(study)]))
     out.append(Para(HOW_TO_READ))
     return out
