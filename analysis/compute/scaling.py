@@ -827,15 +827,8 @@ def _budget(cfg: dict[str, Any]) -> float:
     b = _num(cfg.get(BUDGET_KEY))
     if math.isfinite(b):
         return b
-    budgets = cfg.get(BUDGETS_KEY)
-    if isinstance(budgets, str):
-        try:
-            budgets = json.loads(budgets)
-        except ValueError:
-            budgets = None
-    if isinstance(budgets, (list, tuple)) and budgets:
-        return float(max(_num(v) for v in budgets))
-    return 1.0
+    budgets = _budget_list(cfg.get(BUDGETS_KEY))
+    return max(budgets) if budgets else 1.0
 
 
 def _same_data(rs: RunSet, runs: list[str], arm_of: dict[str, str]) -> bool:
