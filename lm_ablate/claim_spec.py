@@ -37,9 +37,10 @@ baseline there. The null value is 0 for a difference and 1 for a ratio.
 
 Fair verdicts (issue 23): when the runs vary ``optim.lr`` and the claim's ``context`` does not pin it, each side
 is taken at its own best LR in each context (the LR with the lowest mean final validation loss over its completed
-seeds) and the claim is decided there: best against best, not at a shared LR. A claim about a fixed regime ("post-LN
-without warmup at a high LR") says so by pinning the keys in its ``context``
-(``context: {optim.lr: 1.0e-2, optim.warmup_steps: 0}``) and is decided at that setting. When a side has stalled
+seeds; seed-adjusted where its LRs ran different seeds) and the claim is decided there: best
+against best, not at a shared LR. A claim about a fixed regime ("post-LN without warmup at a high LR") says so
+by pinning the keys in its ``context`` (``context: {optim.lr: 1.0e-2, optim.warmup_steps: 0}``) and is decided
+at that setting. When a side has stalled
 seeds (lm_ablate/stall.py) among the runs it is decided on, the verdict is **inconclusive** ("k of n seeds
 stalled") unless the metric is about failing to train (``MetricSpec.failures``: capped_val_loss, lr_sensitivity,
 best_lr_spread) or the claim says it is (``counts_failures: true``: "post-norm trains worse, or not at all", on

@@ -4,7 +4,9 @@
 ``on_multirun_start`` after composing the sweep's master config and before the sweeper and launcher exist (so
 before the sweep directory, any job directory or run record is created, whichever launcher is configured). It
 expands the arms exactly as Hydra's basic sweeper does (``hydra.sweeper.params``, then the command line's
-overrides, as a cartesian product), composes each arm with Hydra's own config loader and runs
+overrides, as a cartesian product), or as lm-ablate's ``hydra/sweeper=grids`` does (that product with each of
+``hydra.sweeper.grids``, their union: hydra_plugins/lm_ablate_grids/grids_sweeper.py), composes each arm with
+Hydra's own config loader and runs
 :func:`lm_ablate.config.validate` on it: composition only, no model, no data, no device. If any arm is bad it
 prints one line per distinct error (naming the arm, or how many arms share it and the first and last) and
 exits with status 2, and nothing runs. Another sweeper (Optuna, Nevergrad)
@@ -43,6 +45,8 @@ from lm_ablate.validation import MIN_RUNGS
 log = logging.getLogger(__name__)
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+GRIDS_SWEEPER = "hydra_plugins.lm_ablate_grids.grids_sweeper.GridsSweeper"
+GRID_SWEEPERS = (BASIC_SWEEPER, GRIDS_SWEEPER)  # sweepers whose every arm is known before the sweep starts
 SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
 # submitit's SlurmExecutor refuses to start without srun on PATH (its `affinity`, "Could not detect srun") and
 # submits every job with sbatch
@@ -98,24 +102,31 @@ def _unresolved(node: Any) -> list[str]:
 
 
 def sweep_arms(config: DictConfig, command_line: bool = True) -> list[list[str]]:
-    """The overrides of every job the basic sweeper will launch, in launch order (as ``BasicSweeper.sweep``);
-    without ``command_line``, the arms of the sweep file's ``hydra.sweeper.params`` alone (none without them)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    """The overrides of every job the sweeper will launch, in launch order (as ``BasicSweeper.sweep``, or the
+    grids sweeper's union of products); without ``command_line``, the arms of the sweep file's own
+    ``hydra.sweeper.params`` and ``grids`` alone (none without them)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    from hydra_plugins.lm_ablate_grids.grids_sweeper import job_overrides
+
     params = config.hydra.sweeper.get("params") or {}
-    if not command_line and not params:
+    grids = config.hydra.sweeper.get("grids") if config.hydra.sweeper.get("_target_") == GRIDS_SWEEPER else None
+    if not command_line and not params and not grids:
         return []
     task = _unresolved(config.hydra.overrides.task) if command_line else []
-    arguments = [f"{key}={value}" for key, value in params.items()] + task
-    overrides = OverridesParser.create(config_loader=_config_loader()).parse_overrides(arguments)
-    return [list(arm) for batch in BasicSweeper.split_arguments(overrides, None) for arm in batch]
+    return job_overrides(params, grids, task, OverridesParser.create(config_loader=_config_loader()))
 
 
 def arm_labels(arms: list[list[str]]) -> list[str]:
-    """Each arm named by the overrides that vary across the sweep (all of its overrides when none vary)."""
-    varying = [i for i in range(len(arms[0]) if arms else 0) if len({arm[i] for arm in arms}) > 1]
-    return [" ".join(arm[i] for i in varying) if varying else " ".join(arm) or "(no overrides)" for arm in arms]
+    """Each arm named by the overrides that vary across the sweep (all of its overrides when none vary); arms
+    of different grids may set different keys."""
+    by_key = [{line.partition("=")[0]: line for line in arm} for arm in arms]
+    keys = list(dict.fromkeys(key for arm in by_key for key in arm))
+    varying = [k for k in keys if len({arm.get(k) for arm in by_key}) > 1]
+    return [
+        " ".join(arm[k] for k in varying if k in arm) if varying else " ".join(arm.values()) or "(no overrides)"
+        for arm in by_key
+    ]
 
 
 class ArmChecker:
@@ -245,6 +256,8 @@ def sweep_errors(config: DictConfig) -> list[str]:
     arms (<first>, ..., <last>): <error>``); empty when every arm is valid."""
     try:
         arms = sweep_arms(config)
+    except ConfigError as err:  # hydra.sweeper.grids is no list of {key: values} mappings
+        return [str(err)]
     except Exception as err:  # a sweep the basic sweeper cannot expand (interval(...)): its own one line
         line = compose_error_message(err)
         if line is None:
@@ -339,7 +352,7 @@ class ValidateSweep(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         errors = []
-        if OmegaConf.select(config, "hydra.sweeper._target_") == BASIC_SWEEPER:
+        if OmegaConf.select(config, "hydra.sweeper._target_") in GRID_SWEEPERS:
             # (an optimizing sweeper picks its arms as it goes: each of its jobs validates itself)
             started = time.perf_counter()
             errors = sweep_errors(config)

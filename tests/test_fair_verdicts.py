@@ -154,3 +154,81 @@ def test_a_claim_about_failing_to_train_says_its_stalled_seeds_are_data():
     assert c.as_dict()["counts_failures"] is True and "counts_failures" not in claim().as_dict()
     with pytest.raises(ConfigError, match=r"^claims\[c\]\.counts_failures='yes' is invalid: must be true or false"):
         claim(counts_failures="yes")
+
+
+# A per-arm grid as sweeps/norm_placement.yaml runs it (hydra/sweeper=grids): 3 seeds at the centre, seed 0 at the
+# ends. Seed 0 does well at every LR (0.10 below the other seeds), so post's one-seed end at 3e-3 (2.55) beats
+# its centre's 3-seed mean (2.577) though its centre's seed 0 (2.50) beats both of its ends.
+UNEVEN = {
+    "post": {3e-3: {0: 2.55}, 6e-3: {0: 2.50, 1: 2.62, 2: 2.61}, 1.2e-2: {0: 2.58}},
+    "pre": {3e-3: {0: 2.70}, 6e-3: {0: 2.60, 1: 2.71, 2: 2.69}, 1.2e-2: {0: 2.66}},
+}
+
+
+def uneven_runs(grids: dict = UNEVEN) -> object:
+    specs = [((arm, lr), s, values if isinstance(values, dict) else {M.FINAL_VAL_LOSS: values})
+             for arm, grid in grids.items() for lr, seeds in grid.items() for s, values in seeds.items()]  # fmt: skip
+    return runset(specs, ("optim.lr",))
+
+
+def test_an_uneven_grid_compares_its_lrs_on_seed_adjusted_means():
+    from analysis.compute.compare import lr_sweep
+
+    (res,) = evaluate_claims(uneven_runs(), [claim(expect="lower")]).results
+    # post is taken at its centre, compared with pre's centre over the 3 seeds both ran there
+    assert (res.arm_lr.lr, res.arm_lr.at_edge, res.arm_lr.seed_adjusted) == (6e-3, False, True)
+    assert (res.baseline_lr.lr, res.baseline_lr.seed_adjusted) == (6e-3, True)
+    assert res.arm_lr.mean == pytest.approx((2.50 + 2.62 + 2.61) / 3)  # its loss there: every seed it ran
+    d, lo, hi = paired_interval([2.50, 2.62, 2.61], [2.60, 2.71, 2.69])
+    assert (res.effect.estimate, res.effect.low95, res.effect.high95) == pytest.approx((d, lo, hi))
+    assert res.verdict == HELD
+    md = render_markdown(claims_blocks(evaluate_claims(uneven_runs(), [claim(expect="lower")])))
+    assert "post at LR 0.006 (grid 0.003 0.006 0.012, seed-adjusted)" in md
+    # the LR table applies the same rule and says so
+    best = lr_sweep(uneven_runs()).best.set_index("context")
+    assert best["best_lr"].tolist() == [6e-3, 6e-3] and best["seed_adjusted"].all()
+    assert not best["best_at_edge"].any()
+
+
+def test_a_run_that_failed_at_one_lr_does_not_narrow_the_seeds_a_pick_compares():
+    """Every LR ran seeds 0-2 (an even grid): a diverged seed at one LR leaves the plain means over the completed
+    runs, as before per-arm grids; only a design with fewer seeds at some LRs narrows the pick."""
+    grids = {arm: {lr: dict(enumerate(v)) for lr, v in grid.items()} for arm, grid in GRID.items()}
+    grids["post"][1.2e-2][1] = {M.FINAL_VAL_LOSS: math.nan, "status": M.STATUS_DIVERGED}
+    (res,) = evaluate_claims(uneven_runs(grids), [claim(expect="lower")]).results
+    assert (res.arm_lr.lr, res.arm_lr.seed_adjusted, res.baseline_lr.seed_adjusted) == (1.2e-2, False, False)
+    assert res.arm_lr.mean == pytest.approx((2.40 + 2.41) / 2)
+
+
+def test_seed_adjusted_means_are_the_least_squares_fit_of_lr_plus_seed():
+    """Two LRs with 3 seeds each and an end with seed 0 alone (activation's ReGLU: 3e-3 and 6e-3 close, 1.5e-3
+    worse): seed 0 favours 6e-3, seeds 0-2 favour 3e-3. Comparing on the one seed all three ran would pick 6e-3;
+    the fit loss = a[lr] + b[seed] compares 3e-3 with 6e-3 on all three seeds and the end through seed 0."""
+    import numpy as np
+
+    from analysis.compute.compare import selection_means
+
+    finals = {1.5e-3: [(0, 2.15)], 3e-3: [(0, 2.06), (1, 2.07), (2, 2.08)], 6e-3: [(0, 2.04), (1, 2.12), (2, 2.10)]}
+    means, adjusted = selection_means(finals)
+    # written out: a[lr] + b[seed], b[0] = 0, least squares over the 7 runs, solved by hand:
+    # 3e-3 and 6e-3 each ran every seed, so their difference is the plain one; the seed effects come from them:
+    # b[1] - b[0] = ((2.07 - 2.06) + (2.12 - 2.04)) / 2 = 0.045
+    # b[2] - b[0] = ((2.08 - 2.06) + (2.10 - 2.04)) / 2 = 0.04
+    b = np.array([0.0, 0.045, 0.04])
+    a3 = np.mean([2.06, 2.07, 2.08] - b)
+    a6 = np.mean([2.04, 2.12, 2.10] - b)
+    # the end: its one run is seed 0 (b = 0); its residual is 0, so it does not move the other estimates
+    a15 = 2.15
+    assert adjusted
+    assert means == pytest.approx({1.5e-3: a15 + b.mean(), 3e-3: a3 + b.mean(), 6e-3: a6 + b.mean()})
+    assert means[3e-3] == pytest.approx(2.07) and means[6e-3] == pytest.approx(np.mean([2.04, 2.12, 2.10]))
+    assert min(means, key=means.get) == 3e-3  # seed 0 alone would say 6e-3 (2.04 < 2.06)
+    # alike seeds: the plain means; seeds that share nothing: the plain means too (nothing links the LRs)
+    assert selection_means({3e-3: [(0, 2.1), (1, 2.2)], 6e-3: [(0, 2.0), (1, 2.4)]}) == (
+        {3e-3: pytest.approx(2.15), 6e-3: pytest.approx(2.2)},
+        False,
+    )
+    assert selection_means({3e-3: [(0, 2.1)], 6e-3: [(1, 2.0), (2, 2.2)]}) == (
+        {3e-3: 2.1, 6e-3: pytest.approx(2.1)},
+        False,
+    )

@@ -46,9 +46,26 @@ LADDERS = {"ladder_activation", "ladder_arch", "ladder_optimizer"}
 MIN_SEEDS = {"lr_transfer": 2, "lr_transfer_base": 2, "prepost_map": 2, **dict.fromkeys(LADDERS, 2)}
 
 
+def jobs(study: str) -> list[dict[str, str]]:
+    """The jobs of a study's sweep file (key -> value as typed), in launch order: the basic sweeper's product of
+    ``hydra.sweeper.params``, or the grids sweeper's union of products (hydra_plugins/lm_ablate_grids)."""
+    from hydra_plugins.lm_ablate_grids.grids_sweeper import job_overrides
+
+    sweeper = yaml.safe_load((ROOT / "sweeps" / f"{study}.yaml").read_text())["hydra"]["sweeper"]
+    return [
+        dict(line.split("=", 1) for line in job)
+        for job in job_overrides(sweeper.get("params"), sweeper.get("grids"), [])
+    ]
+
+
 def params(study: str) -> dict[str, list[str]]:
-    spec = yaml.safe_load((ROOT / "sweeps" / f"{study}.yaml").read_text())
-    return {k: str(v).split(",") for k, v in spec["hydra"]["sweeper"]["params"].items()}
+    """Each swept key's values over all of a study's jobs, in order of first appearance."""
+    values: dict[str, list[str]] = {}
+    for job in jobs(study):
+        for key, value in job.items():
+            if value not in values.setdefault(key, []):
+                values[key].append(value)
+    return values
 
 
 def test_all_studies_exist():
@@ -87,11 +104,22 @@ def experiment(study: str) -> dict:
 
 
 def lr_grid(study: str) -> list[float]:
-    """The LRs a study's sweep gives each arm: optim.lr values, or lr_mult multipliers of the reference LR."""
+    """The LRs a study's sweep gives its arms: optim.lr values, or lr_mult multipliers of the reference LR."""
     p = params(study)
     if "optim.lr" in p:
         return sorted(float(v) for v in p["optim.lr"])
     return sorted(float(v.lstrip("x")) for v in p.get("lr_mult", []))
+
+
+def arm_lr_grids(study: str) -> dict[tuple, dict[float, set[str]]]:
+    """Each arm's own LR grid (arm = a job's values of every key but the LR and the seed): LR -> its seeds."""
+    grids: dict[tuple, dict[float, set[str]]] = {}
+    for job in jobs(study):
+        arm = tuple(sorted((k, v) for k, v in job.items() if k not in (*LR_KEYS, "seed")))
+        lr = job.get("optim.lr") or job.get("lr_mult")
+        if lr is not None:
+            grids.setdefault(arm, {}).setdefault(float(lr.lstrip("x")), set()).add(job.get("seed", "0"))
+    return grids
 
 
 @pytest.mark.parametrize("study", sorted(REQUIRED - REGIME - NO_CLAIMS))
@@ -106,8 +134,47 @@ def test_quality_claims_are_decided_on_a_tuned_lr_with_warmup(study):
     for c in quality:
         assert "optim.lr" not in (c.get("context") or {}), c["id"]
     if quality:
-        grid = lr_grid(study)
-        assert len(grid) >= 2 and grid[-1] / grid[0] >= 2, (study, grid)
+        for arm, grid in arm_lr_grids(study).items():  # each arm's own grid (one shared grid, or one per arm)
+            assert len(grid) >= 2 and max(grid) / min(grid) >= 2, (study, arm, sorted(grid))
+
+
+# Studies run with hydra/sweeper=grids: each arm's centre, the best LR of the shared grid it replaced (the sweep
+# file's comment gives the measurements), run with 3 seeds; half and twice it with seed 0.
+GRID_CENTRES = {
+    "norm_placement": ("norm.placement", {"pre": 6e-3, "post": 3e-3, "deepnorm": 3e-3, "none": 3e-3, "rezero": 2.4e-2}),
+    "activation": ("activation", {"gelu": 6e-3, "swiglu": 6e-3, "geglu": 3e-3, "reglu": 3e-3, "relu": 3e-3}),
+    "position": ("position", {"rope": 6e-3, "alibi": 6e-3, "learned": 3e-3, "sinusoidal": 1.5e-3}),
+    "parallel_vs_serial": ("model.block", {"serial": 6e-3, "parallel": 6e-3}),
+}
+BOTH_SEEDED = {"activation": [("reglu", 6e-3), ("relu", 6e-3)]}
+
+
+@pytest.mark.parametrize("study", sorted(GRID_CENTRES))
+def test_a_grids_study_runs_each_arm_on_its_own_grid_with_three_seeds_at_its_centre(study):
+    """Issue 23's time goal: arms whose best LRs differ, each on its own grid (its best LR of the shared grid with
+    3 seeds, half and twice it with seed 0), 5 runs per arm (7 where an end is as close as the centre) instead
+    of 3 per point of a shared grid."""
+    key, centres = GRID_CENTRES[study]
+    expected = {name: {c / 2: {"0"}, c: {"0", "1", "2"}, 2 * c: {"0"}} for name, c in centres.items()}
+    for name, lr in BOTH_SEEDED.get(study, []):  # an end as close as the centre: 3 seeds there too
+        expected[name][lr] = {"0", "1", "2"}
+    grids = arm_lr_grids(study)
+    assert {dict(arm)[key]: grid for arm, grid in grids.items()} == expected
+    assert len(jobs(study)) == sum(len(seeds) for grid in expected.values() for seeds in grid.values())
+    sweeper = yaml.safe_load((ROOT / "sweeps" / f"{study}.yaml").read_text())["defaults"]
+    assert {"override hydra/sweeper": "grids"} in sweeper
+
+
+def test_attention_keeps_three_seeds_at_the_lr_its_logit_claim_is_pinned_at():
+    """attention: every arm on its own grid as above, and MHA with QK-norm (best at 3e-3) also with 3 seeds at
+    6e-3, where qk_norm_bounds_attention_logits is decided in every attention (its context pins the LR)."""
+    grids = {tuple(v for _, v in arm): grid for arm, grid in arm_lr_grids("attention").items()}
+    around = lambda c: {c / 2: {"0"}, c: {"0", "1", "2"}, 2 * c: {"0"}}
+    expected = {(a, v): around(6e-3) for a in ("mha", "gqa", "mqa") for v in ("base", "qk_norm")}
+    expected["mha", "qk_norm"] = {**around(3e-3), 6e-3: {"0", "1", "2"}, 1.2e-2: {"0"}}
+    assert grids == expected and len(jobs("attention")) == 33
+    (logit,) = [c for c in experiment("attention")["claims"] if c["id"] == "qk_norm_bounds_attention_logits"]
+    assert logit["context"] == {"optim.lr": 6e-3}
 
 
 @pytest.mark.parametrize("study", sorted(LADDERS))
@@ -186,7 +253,7 @@ def test_claims_parse_and_refer_to_arms_of_the_study(study):
         assert len(checker.claim_arms) == 1  # every arm carries the same claims
 
 
-@pytest.mark.parametrize("study", ["norm_2x2", "attention"])
+@pytest.mark.parametrize("study", ["norm_2x2", "attention", "norm_placement"])
 def test_sweep_file_composes_through_the_cli(study):
     out = subprocess.run(
         [

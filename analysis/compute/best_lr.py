@@ -31,7 +31,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.compute.compare import LR_KEY, LRSweep, capped_loss, compare_to_baseline, lr_sweep, pick_best_lr
+from analysis.compute.compare import (
+    LR_KEY,
+    LRSweep,
+    capped_loss,
+    compare_to_baseline,
+    lr_sweep,
+    pick_best_lr,
+    seed_finals,
+    selection_means,
+)
 from analysis.sources.load import AnalysisError, RunSet
 from analysis.sources.values import launch_order, override_text
 from lm_ablate import metrics as M
@@ -51,19 +60,23 @@ class BestLRComparison:
 @dataclass(frozen=True)
 class BestLR:
     """The LR a set of runs is best at: ``lr`` (NaN when none has a number), ``at_edge`` (the smallest or largest
-    of a grid of more than one), the ``grid``, the ``mean`` final val loss there and the runs there (any status)."""
+    of a grid of more than one), the ``grid``, the ``mean`` final val loss there (over all its completed runs),
+    the runs there (any status) and ``seed_adjusted``: the LRs, which ran different seeds, were compared on
+    seed-adjusted means (:func:`analysis.compute.compare.selection_means`)."""
 
     lr: float
     at_edge: bool
     grid: tuple[float, ...]
     mean: float
     run_ids: tuple[str, ...]
+    seed_adjusted: bool = False
 
 
 def best_lr_of(rs: RunSet, run_ids: Sequence[str], key: str = LR_KEY) -> BestLR:
     """Where ``run_ids`` (one arm's runs, any LRs) are best: the LR with the lowest mean final val loss over its
-    completed runs (:func:`analysis.compute.compare.pick_best_lr`, the LR table's rule). When no LR has a
-    completed run, the lowest mean capped loss decides (every run diverged: the smallest LR, all at the cap)."""
+    completed runs (:func:`analysis.compute.compare.pick_best_lr`, the LR table's rule; seed-adjusted when its LRs
+    ran different seeds, :func:`analysis.compute.compare.selection_means`). When no LR has a completed
+    run, the lowest mean capped loss decides (every run diverged: the smallest LR, all at the cap)."""
     rows = rs.runs.set_index("run_id", drop=False)
     by_lr: dict[float, list[str]] = {}
     for r in run_ids:
@@ -88,12 +101,13 @@ def best_lr_of(rs: RunSet, run_ids: Sequence[str], key: str = LR_KEY) -> BestLR:
         return float(np.mean(values)) if values else math.nan
 
     means = {lr: mean_of(ids, True) for lr, ids in by_lr.items()}
-    lr, at_edge = pick_best_lr(means)
+    picked_on, adjusted = selection_means({lr: seed_finals(rows.loc[ids]) for lr, ids in by_lr.items()})
+    lr, at_edge = pick_best_lr(picked_on)
     if not math.isfinite(lr):
         lr, at_edge = pick_best_lr({g: mean_of(ids, False) for g, ids in by_lr.items()})
     if not math.isfinite(lr):
         return BestLR(math.nan, False, grid, math.nan, ())
-    return BestLR(lr, at_edge, grid, means[lr], tuple(by_lr[lr]))
+    return BestLR(lr, at_edge, grid, means[lr], tuple(by_lr[lr]), adjusted and math.isfinite(picked_on[lr]))
 
 
 def compare_at_best_lr(

@@ -23,8 +23,9 @@ Fair verdicts (issue 23). **Each side at its own best LR**: when ``optim.lr`` va
 its ``context`` does not pin it (nor ``lr_mult``), and the metric does not pool the LR itself (LR sensitivity,
 best-LR spread, compute multiplier), the LR is no context: in each context of the other axes, each side is
 taken at its own best LR (:func:`analysis.compute.best_lr.best_lr_of`: lowest mean final val loss over its
-completed seeds) and the metric compares those runs, paired by seed where both have them. The result records
-which LR won for each side and whether it sits at an edge of that side's grid. **Stalls**: when the runs a
+completed seeds, seed-adjusted where its LRs ran different seeds) and the metric compares those runs, paired by
+seed where both have them. The result records which LR won for each side and whether it sits at an edge of that
+side's grid. **Stalls**: when the runs a
 side is decided on hold stalled seeds (completed runs on the unigram plateau or flat, lm_ablate/stall.py, as
 analysis.sources.load judges them), the verdict is ``inconclusive`` with ``why`` = ``stalled_seeds`` and the
 counts (k of n) per side, unless the metric or the claim is about failing to train (``Claim.stalls_are_data``). The effect

@@ -426,6 +426,56 @@ def capped_loss(row: Any) -> float:
     return min(final, cap) if math.isfinite(cap) else final
 
 
+def selection_means(finals: dict[float, list[tuple[float, float]]]) -> tuple[dict[float, float], bool]:
+    """The means a best LR is picked on, from each LR's runs as (seed, final val loss; NaN unless completed).
+
+    When every LR ran the same seeds: each LR's mean over its completed runs. When they ran different seeds (a
+    grid with 3 seeds at its centre and one at its ends, sweeps/norm_placement.yaml): seed-adjusted means, the
+    least-squares fit of loss = a[lr] + b[seed] to the completed runs (an unbalanced two-way layout; each LR's
+    a[lr] + mean b, its least-squares mean), so LRs are compared like with like: a seed that does well at every
+    LR cannot carry the pick to an end it alone ran, nor a poor one away from it. With one seed at the ends this
+    compares each end with the centre's run of that seed; LRs that ran the same 3 seeds are compared on all 3.
+    Returns (means, adjusted): the plain means (adjusted False) where the seeds are alike, a seed is unknown, or
+    the runs do not link every LR to every other through shared seeds."""
+
+    def mean(pairs: list[tuple[float, float]]) -> float:
+        values = [v for _, v in pairs if math.isfinite(v)]
+        return float(np.mean(values)) if values else math.nan
+
+    plain = {lr: mean(pairs) for lr, pairs in finals.items()}
+    ran = [{s for s, _ in pairs} for pairs in finals.values()]
+    if not ran or any(not math.isfinite(s) for seeds in ran for s in seeds) or all(r == ran[0] for r in ran):
+        return plain, False
+    cells = [(lr, s, v) for lr, pairs in finals.items() for s, v in pairs if math.isfinite(v)]
+    lrs = sorted({lr for lr, _, _ in cells})
+    seeds = sorted({s for _, s, _ in cells})
+    if not cells or not _linked(lrs, seeds, [(lr, s) for lr, s, _ in cells]):
+        return plain, False
+    # columns: one per LR, then one per seed but the first (its effect is 0; the fit is then unique)
+    design = np.zeros((len(cells), len(lrs) + len(seeds) - 1))
+    for row, (lr, s, _) in enumerate(cells):
+        design[row, lrs.index(lr)] = 1.0
+        if seeds.index(s):
+            design[row, len(lrs) + seeds.index(s) - 1] = 1.0
+    coef = np.linalg.lstsq(design, np.array([v for _, _, v in cells]), rcond=None)[0]
+    seed_mean = float(np.concatenate([[0.0], coef[len(lrs) :]]).mean())
+    return {lr: float(coef[lrs.index(lr)]) + seed_mean if lr in lrs else math.nan for lr in finals}, True
+
+
+def _linked(lrs: list[float], seeds: list[float], cells: list[tuple[float, float]]) -> bool:
+    """Whether the (LR, seed) cells connect every LR and seed (the bipartite graph is connected)."""
+    reached, frontier = {("lr", lrs[0])}, [("lr", lrs[0])]
+    while frontier:
+        kind, value = frontier.pop()
+        for lr, s in cells:
+            if (kind == "lr" and lr == value) or (kind == "seed" and s == value):
+                for node in (("lr", lr), ("seed", s)):
+                    if node not in reached:
+                        reached.add(node)
+                        frontier.append(node)
+    return len(reached) == len(lrs) + len(seeds)
+
+
 def pick_best_lr(means: dict[float, float]) -> tuple[float, bool]:
     """(best LR, at an edge of the grid) of ``{lr: mean final val loss}``: the lowest finite mean (NaN when
     none); an edge when the grid has more than one LR and the best is its smallest or largest. The one rule
@@ -590,7 +640,8 @@ def lr_sweep(rs: RunSet, key: str = LR_KEY) -> LRSweep | None:
     """Best learning rate and learning-rate sensitivity of every arm, or None when ``key`` does not vary.
 
     Best LR: the grid value with the lowest mean final val loss over completed runs (:func:`pick_best_lr`; its
-    Student-t interval as elsewhere; the diverged and stalled runs at that LR are counted beside it).
+    Student-t interval as elsewhere; the diverged and stalled runs at that LR are counted beside it), the means
+    seed-adjusted where the LRs ran different seeds (:func:`selection_means`; ``seed_adjusted`` says so).
     ``best_at_edge`` flags a best LR at either end of the grid: the optimum may lie outside it.
 
     LR sensitivity (Wortsman et al. 2023): E_lr[min(loss(lr), cap) - loss*] over the arm's grid. Here every
@@ -613,7 +664,7 @@ def lr_sweep(rs: RunSet, key: str = LR_KEY) -> LRSweep | None:
     assignment, contexts = _assign(rs, axis, axes, run_ids)
     lrs = sorted({float(rs.configs[r][key]) for r in run_ids})
     # the columns _lr_point reads: selecting rows of the full (wide) table per point cost ~0.1 s on 1000 runs
-    wanted = ["run_id", M.STATUS, M.FINAL_VAL_LOSS, M.STALLED, M.LOG_VOCAB, M.VOCAB_SIZE,
+    wanted = ["run_id", M.STATUS, M.SEED, M.FINAL_VAL_LOSS, M.STALLED, M.LOG_VOCAB, M.VOCAB_SIZE,
               *([INIT_VAL_LOSS] if INIT_VAL_LOSS in rs.runs else [])]  # fmt: skip
     runs = rs.runs[[c for c in wanted if c in rs.runs]].set_index("run_id", drop=False)
     caps = pd.Series({r: loss_cap(row) for r, row in zip(runs.index, runs.to_dict("records"))}, dtype=float)
@@ -626,7 +677,8 @@ def lr_sweep(rs: RunSet, key: str = LR_KEY) -> LRSweep | None:
                 for lr in lrs]  # fmt: skip
         rows = [row for row in rows if row["n_runs"]]
         points += rows
-        best.append(_lr_best(context, rows, arm_cap))
+        finals = {lr: seed_finals(runs.loc[[r for r in members if rs.configs[r][key] == lr]]) for lr in lrs}
+        best.append(_lr_best(context, rows, arm_cap, {lr: f for lr, f in finals.items() if f}))
     others = [a.name for a in _other_axes(axis, axes)]
     values = {assignment[r][0]: {a: override_text(rs.configs[r][a]) for a in others} for r in run_ids}
     return LRSweep(axis, contexts, lrs, pd.DataFrame(points), pd.DataFrame(best), assignment, others, values,
@@ -667,10 +719,22 @@ def _lr_point(
     }  # fmt: skip
 
 
-def _lr_best(context: str, rows: list[dict[str, Any]], arm_cap: float) -> dict[str, Any]:
+def seed_finals(df: pd.DataFrame) -> list[tuple[float, float]]:
+    """(seed, final val loss) of each run in ``df``, the loss NaN unless the run completed with a finite one."""
+    out = []
+    for row in df.to_dict("records"):
+        final = _num(row.get(M.FINAL_VAL_LOSS))
+        out.append((_num(row.get(M.SEED)), final if row.get(M.STATUS) == M.STATUS_COMPLETED else math.nan))
+    return out
+
+
+def _lr_best(
+    context: str, rows: list[dict[str, Any]], arm_cap: float, finals: dict[float, list[tuple[float, float]]]
+) -> dict[str, Any]:
     final = f"{M.FINAL_VAL_LOSS}_mean"
     grid = [r["lr"] for r in rows]
-    best_lr, at_edge = pick_best_lr({r["lr"]: r[final] for r in rows})
+    means, adjusted = selection_means(finals)
+    best_lr, at_edge = pick_best_lr({r["lr"]: means.get(r["lr"], math.nan) for r in rows})
     top = next((r for r in rows if r["lr"] == best_lr), None)
     capped = np.array([r["capped_loss"] for r in rows], dtype=float)
     capped = capped[np.isfinite(capped)]
@@ -681,6 +745,7 @@ def _lr_best(context: str, rows: list[dict[str, Any]], arm_cap: float) -> dict[s
         "lr_grid": " ".join(override_text(v) for v in grid),
         "best_lr": top["lr"] if top else math.nan,
         "best_at_edge": bool(top and at_edge),
+        "seed_adjusted": bool(top and adjusted),
         f"{M.FINAL_VAL_LOSS}_mean": top[final] if top else math.nan,
         f"{M.FINAL_VAL_LOSS}_ci_low": top[f"{M.FINAL_VAL_LOSS}_ci_low"] if top else math.nan,
         f"{M.FINAL_VAL_LOSS}_ci_high": top[f"{M.FINAL_VAL_LOSS}_ci_high"] if top else math.nan,

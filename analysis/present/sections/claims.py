@@ -205,7 +205,9 @@ def best_lr_text(name: str, best: BestLR | None) -> str:
     if best is None:
         return ""
     grid = " ".join(override_text(v) for v in best.grid)
-    return f"{name} at LR {override_text(best.lr)}" + (" ⚠ grid edge" if best.at_edge else "") + f" (grid {grid})"
+    edge = " ⚠ grid edge" if best.at_edge else ""
+    picked = ", seed-adjusted" if best.seed_adjusted else ""
+    return f"{name} at LR {override_text(best.lr)}{edge} (grid {grid}{picked})"
 
 
 def decided_at_text(result: ClaimResult) -> str:
@@ -251,7 +253,8 @@ CLAIMS_INTRO = (
     "interval lies entirely outside it; inconclusive otherwise; untested when the runs hold no value for one "
     "side. A claim that applies to several contexts (values of the other varied axes) is decided in each. "
     "Each side is taken at its own best learning rate (the LR of its grid with the lowest mean final val loss "
-    "over its completed seeds; 'decided at' says which, ⚠ at an end of the grid) unless the claim pins the LR "
+    "over its completed seeds, seed-adjusted where its LRs ran different seeds: loss = LR effect + seed effect, "
+    "fitted by least squares; 'decided at' says which, ⚠ at an end of the grid) unless the claim pins the LR "
     "in its context (a claim about a fixed regime). A side with stalled seeds where it is decided (on the "
     "data's unigram plateau or flat: lm_ablate/stall.py) makes the claim inconclusive, its seeds listed one by "
     "one, unless the metric is about failing to train (capped val loss, LR sensitivity), where a stalled run "

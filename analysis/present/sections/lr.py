@@ -46,7 +46,9 @@ def lr_blocks(sweep: LRSweep, figures: list[PlotFigure], at_best: BestLRComparis
         Para(
             f"{sweep.axis.label} varies ({len(sweep.lrs)} values). Per arm (the values of the other varied "
             "axes): the LR with the lowest mean final val loss over completed runs (⚠ at an end of the grid: "
-            "the optimum may lie beyond it), and the LR sensitivity E_lr[min(loss(lr), ln V) − loss*] "
+            "the optimum may lie beyond it; where an arm's LRs ran different seeds, on seed-adjusted means, the "
+            "least-squares fit of loss = LR effect + seed effect: seed-adjusted beside the LR), and the LR "
+            "sensitivity E_lr[min(loss(lr), ln V) − loss*] "
             "(Wortsman et al. 2023; capped at ln V, the uniform prediction's loss, and diverged runs count as "
             "ln V; see 'How to read this'). Lower sensitivity: the arm tolerates a wider range of learning rates. "
             "Stalled runs (completed, but on the data's unigram plateau or flat; lm_ablate/stall.py) are "
@@ -57,7 +59,9 @@ def lr_blocks(sweep: LRSweep, figures: list[PlotFigure], at_best: BestLRComparis
     for _, b in sweep.best.iterrows():
         best = override_text(b["best_lr"]) if finite(b["best_lr"]) else "–"
         rows.append([
-            b["context"], b["lr_grid"], best + (" ⚠ grid edge" if b["best_at_edge"] else ""),
+            b["context"], b["lr_grid"],
+            best + (" ⚠ grid edge" if b["best_at_edge"] else "")
+            + (" (seed-adjusted)" if b["seed_adjusted"] else ""),
             mean_pm(b[f"{final}_mean"], b[f"{final}_ci_low"], b[f"{final}_ci_high"]),
             str(int(b[f"{final}_n"])), str(int(b["n_diverged_at_best"])), str(int(b["n_stalled_at_best"])),
             str(int(b["n_diverged"])), num(b["lr_sensitivity"]), num(b["loss_cap"]), num(b["loss_star"]),
