@@ -449,31 +449,20 @@ def selection_means(finals: dict[float, list[tuple[float, float]]]) -> tuple[dic
     cells = [(lr, s, v) for lr, pairs in finals.items() for s, v in pairs if math.isfinite(v)]
     lrs = sorted({lr for lr, _, _ in cells})
     seeds = sorted({s for _, s, _ in cells})
-    if not cells or not _linked(lrs, seeds, [(lr, s) for lr, s, _ in cells]):
+    if not cells:
         return plain, False
-    # columns: one per LR, then one per seed but the first (its effect is 0; the fit is then unique)
+    # columns: one per LR, then one per seed but the first (its effect is 0); full column rank exactly when the
+    # runs link every LR and seed through shared seeds, i.e. when the fit is unique
     design = np.zeros((len(cells), len(lrs) + len(seeds) - 1))
     for row, (lr, s, _) in enumerate(cells):
         design[row, lrs.index(lr)] = 1.0
         if seeds.index(s):
             design[row, len(lrs) + seeds.index(s) - 1] = 1.0
+    if np.linalg.matrix_rank(design) < design.shape[1]:
+        return plain, False
     coef = np.linalg.lstsq(design, np.array([v for _, _, v in cells]), rcond=None)[0]
     seed_mean = float(np.concatenate([[0.0], coef[len(lrs) :]]).mean())
     return {lr: float(coef[lrs.index(lr)]) + seed_mean if lr in lrs else math.nan for lr in finals}, True
-
-
-def _linked(lrs: list[float], seeds: list[float], cells: list[tuple[float, float]]) -> bool:
-    """Whether the (LR, seed) cells connect every LR and seed (the bipartite graph is connected)."""
-    reached, frontier = {("lr", lrs[0])}, [("lr", lrs[0])]
-    while frontier:
-        kind, value = frontier.pop()
-        for lr, s in cells:
-            if (kind == "lr" and lr == value) or (kind == "seed" and s == value):
-                for node in (("lr", lr), ("seed", s)):
-                    if node not in reached:
-                        reached.add(node)
-                        frontier.append(node)
-    return len(reached) == len(lrs) + len(seeds)
 
 
 def pick_best_lr(means: dict[float, float]) -> tuple[float, bool]:
