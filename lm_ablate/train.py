@@ -718,8 +718,8 @@ def main(cfg: DictConfig) -> float | None:
     name = run_name(cfg, list(hc.overrides.task))
     summary = None
     try:
+        apply_rung(cfg)  # before settle, as config.compose does: ladder.lr=mup turns on the keys mup reads
         settle(cfg, explicit_keys(hc.overrides.task))  # keys the chosen options do not read (lm_ablate/options.py)
-        apply_rung(cfg)
         check_budget_keys(cfg)
         check_vocab_key(cfg)
         trainer = Trainer(cfg, out, name=name, on_accept=save_hydra_record)

@@ -347,6 +347,7 @@ def test_compute_multiplier_reads_the_scaling_study():
         multipliers=[NS(arm="norm.placement=post", at="largest", cm=1.4, low=1.1, high=1.8, beyond_validated=False),
                      NS(arm="norm.placement=post", at="10x", cm=0.9, low=0.7, high=1.2, beyond_validated=True)],
         held_out_error={"norm.placement=pre": 0.01, "norm.placement=post": math.nan}.get,  # post: no check
+        warnings=[],
     )  # fmt: skip
     c = claim(metric="compute_multiplier", expect="higher")
     (res,) = evaluate_claims(rs, [c], scaling=study).results
@@ -367,6 +368,19 @@ def test_compute_multiplier_reads_the_scaling_study():
     )  # fmt: skip
     study.held_out_error = {"norm.placement=pre": 0.019, "norm.placement=post": 0.019}.get
     assert evaluate_claims(rs, [c], scaling=study).results[0].verdict == HELD
+    # the chosen L(N, D) fit puts the baseline's compute-optimal size outside the rungs: the frontiers compared
+    # are extrapolated in N, so the multiplier decides nothing either (another arm's warning does not count)
+    from analysis.compute.scaling import W_FRONTIER_OUTSIDE, ScalingWarning
+
+    study.warnings = [ScalingWarning(W_FRONTIER_OUTSIDE, "norm.placement=other", value=1e9)]
+    assert evaluate_claims(rs, [c], scaling=study).results[0].verdict == HELD
+    study.warnings.append(ScalingWarning(W_FRONTIER_OUTSIDE, "norm.placement=pre", value=1e-30))
+    (res,) = evaluate_claims(rs, [c], scaling=study).results
+    assert (res.verdict, res.why, res.effect.notes) == (
+        INCONCLUSIVE,
+        "frontier_outside",
+        ("frontier_outside_the_rungs",),
+    )
 
 
 def test_an_unbounded_multiplier_interval_is_shown_as_the_scaling_table_shows_it():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 from torch import nn
 
 from lm_ablate import metrics as M
@@ -63,6 +64,24 @@ def test_mup_rule_bases_every_rung_at_rung_0():
     assert cfg.model.parametrization == "mup" and cfg.model.mup_base_width == 16 and cfg.model.d_model == 32
     plain = compose([*TINY, "ladder.rung=2"])
     assert plain.model.parametrization == "sp"
+
+
+def test_a_mup_ladder_run_trains_from_the_command_line(tmp_path, cache_dir):
+    """ladder.lr=mup through ``python -m lm_ablate.train`` (issue 26: the training command cleared the keys mup
+    reads before the ladder turned mup on, so every mup ladder run, conf/ladder/gpu.yaml's default, was refused
+    with "model.mup_output_mult=None is invalid"): it trains, under mup based at rung 0, with the multipliers
+    given on the command line."""
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "lm_ablate.train", *TINY, "ladder.lr=mup", "ladder.rung=1", "model.mup_output_mult=2",
+         f"data.cache_dir={cache_dir}", "train.threads=1", f"hydra.run.dir={run}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    model = OmegaConf.load(run / M.CONFIG_FILE).model
+    assert (model.parametrization, model.mup_base_width, model.d_model) == ("mup", 16, 24)
+    assert (model.mup_output_mult, model.mup_attn_mult) == (2.0, 1.0)
+    assert json.loads((run / M.SUMMARY_FILE).read_text())[M.STATUS] == M.STATUS_COMPLETED
 
 
 @pytest.mark.parametrize(
@@ -137,7 +156,10 @@ def test_a_ladder_sweep_is_refused_before_any_job_starts(tmp_path):
     cases = (
         (["ladder.rung=0,1"], "at least 3 rungs"),
         (["train.max_tokens=5000"], "a ladder sets it"),
-        (["optim.lr=3e-3"], "ladder.lr='grid' is invalid: ladder=cpu fits each (arm, rung) at its best LR"),
+        (
+            ["optim.lr=3e-3", "ladder.lr=grid"],
+            "ladder.lr='grid' is invalid: ladder=cpu_mup fits each (arm, rung) at its best LR",
+        ),
     )
     for extra, words in cases:
         (line,) = sweep_check("ladder_activation", extra)

@@ -370,6 +370,34 @@ def test_model_sweep_without_ladder_key_and_per_cell_lr_grid(tmp_path):
     assert S.scaling_study(load_runs(heads)) is None
 
 
+def test_an_lr_that_follows_the_arm_is_part_of_the_arm_not_a_grid(tmp_path):
+    """ladder.lr=mup with each arm at the LR tuned for it at rung 0 (ladder_activation: GELU 2.4e-2, SwiGLU 6e-3):
+    the LR splits the runs exactly as the arm does, so it is the arm's (not a grid to pick from, not a reason to
+    drop the arm: before, the ladder became one arm, "all runs", and had no multiplier)."""
+
+    def ladder(root: Path, lrs: dict[str, float]) -> S.ScalingStudy:
+        rng = np.random.default_rng(0)
+        job = 0
+        for arm, mult in (("layernorm", 1.0), ("rmsnorm", CM_TRUE)):
+            for rung in range(5):
+                for s in range(3):
+                    loss = law(compute(rung), mult) * math.exp(0.002 * rng.standard_normal())
+                    write_one(root, job, arm, rung, s, loss, lr=lrs[arm])
+                    job += 1
+        return study_of(root, n_boot=50)
+
+    st = ladder(tmp_path / "per_arm", {"layernorm": 2.4e-2, "rmsnorm": 6e-3})
+    assert [a.arm for a in st.arms] == ["norm.name=layernorm", "norm.name=rmsnorm"] and not st.lr_selected
+    assert all(r.lr is None for a in st.arms for r in a.rungs)
+    assert not [w for w in st.warnings if w.code == S.W_LR_AT_EDGE]
+    # the same losses with one LR for both arms: the LR plays no part in the fits
+    same = ladder(tmp_path / "one_lr", {"layernorm": 3e-3, "rmsnorm": 3e-3})
+    (m,) = [m for m in st.multipliers if m.at == "largest"]
+    (m_same,) = [m for m in same.multipliers if m.at == "largest"]
+    assert (m.cm, m.low, m.high) == pytest.approx((m_same.cm, m_same.low, m_same.high), rel=1e-9)
+    assert 1.2 < m.cm < 1.8
+
+
 def test_an_lr_mult_ladder_takes_each_optimizers_cells_at_their_best_lr(tmp_path):
     """Issue 26.5 (ladder.lr=grid over lr_mult, as ladder_optimizer): two optimizers, each on its own grid (x1, x2
     of its reference LR), are the arms (lr_mult is no arm), each (arm, rung) is fitted at its better LR, and the

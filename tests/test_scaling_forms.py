@@ -569,3 +569,27 @@ def test_sigmoid_fit_recovers_its_parameters():
     p = T.fit_sigmoid(bpb, 0.25 + 0.6 / (1 + np.exp(8 * (bpb - 1.05))))
     assert p == pytest.approx([0.25, 0.6, 8.0, 1.05], rel=1e-5)
     assert T.fit_sigmoid(bpb[:4], bpb[:4]) is None  # fewer points than it needs
+
+
+def test_a_budget_ladder_on_an_lr_grid_picks_and_names_each_budgets_lr(tmp_path):
+    """ladder.lr=grid with budgets: each (arm, rung, budget) cell takes its own best LR, and a best LR at an end of
+    the grid is warned about once per cell, naming the budget (four budgets would otherwise read as four copies
+    of one sentence)."""
+    root = write_nd_ladder(tmp_path / "runs", budgets=(0.5, 1.0))
+    for run in sorted(root.iterdir()):  # the same jobs again at twice the LR, worse except at budget 0.5
+        job, _, tail = run.name.partition(".")
+        twin = root / f"{int(job) + 1000}{'.' + tail if tail else ''}"
+        shutil.copytree(run, twin)
+        cfg = (twin / M.CONFIG_FILE).read_text().replace("lr: 0.003", "lr: 0.006")
+        (twin / M.CONFIG_FILE).write_text(cfg)
+        summary = json.loads((twin / M.SUMMARY_FILE).read_text())
+        summary[M.FINAL_VAL_LOSS] *= 0.98 if tail else 1.02
+        (twin / M.SUMMARY_FILE).write_text(json.dumps(summary))
+    st = study_of(root, n_boot=10)
+    assert st.lr_selected and st.budgets == [0.5, 1.0]
+    assert {(r.budget, r.lr) for a in st.arms for r in a.cells} == {(0.5, 6e-3), (1.0, 3e-3)}
+    edge = [w for w in st.warnings if w.code == S.W_LR_AT_EDGE]
+    assert len(edge) == 20 and {w.param for w in edge} == {"0.5", "1"}  # 2 arms x 5 rungs x 2 budgets
+    text = render_markdown(scaling_blocks(st))
+    assert "layernorm, rung 3 (budget 0.5): the best learning rate (0.006)" in text
+    assert "layernorm, rung 3 (budget 1): the best learning rate (0.003)" in text

@@ -111,6 +111,16 @@ def lr_grid(study: str) -> list[float]:
     return sorted(float(v.lstrip("x")) for v in p.get("lr_mult", []))
 
 
+def mup_rung_grids(study: str) -> dict[str, dict[int, dict[float, list[str]]]]:
+    """A μP ladder's LRs per arm (its activation/optim choice) and rung: rung -> LR -> the seeds that run it."""
+    out: dict[str, dict[int, dict[float, list[str]]]] = {}
+    for job in jobs(study):
+        arm = job.get("activation") or job.get("optim") or job.get("arch")
+        lrs = out.setdefault(arm, {}).setdefault(int(job["ladder.rung"]), {})
+        lrs.setdefault(float(job["optim.lr"]), []).append(job["seed"])
+    return out
+
+
 def arm_lr_grids(study: str) -> dict[tuple, dict[float, set[str]]]:
     """Each arm's own LR grid (arm = a job's values of every key but the LR and the seed): LR -> its seeds."""
     grids: dict[tuple, dict[float, set[str]]] = {}
@@ -180,11 +190,25 @@ def test_attention_keeps_three_seeds_at_the_lr_its_logit_claim_is_pinned_at():
 @pytest.mark.parametrize("study", sorted(LADDERS))
 def test_ladders_fit_each_arm_and_rung_at_its_best_lr_over_several_budgets(study):
     """Issue 26: a ladder's claims are decided on each (arm, rung, budget) at its best LR (ladder.lr=grid over
-    at least two LRs x2 apart), with warm-up, and one WSD run per rung gives three or more token budgets."""
+    at least two LRs x2 apart) or at an LR tuned per arm at rung 0 and transferred by μP (ladder.lr=mup: a grid
+    of 3+ LRs spanning 4x+ at rung 0, one LR at each wider rung, inside that grid), with warm-up, and one WSD run per
+    rung gives three or more token budgets."""
     spec = experiment(study)
-    assert spec["ladder"]["lr"] == "grid" and spec["optim"]["warmup_steps"] > 0
-    grid = lr_grid(study)
-    assert len(grid) >= 2 and grid[-1] / grid[0] >= 2, (study, grid)
+    (ladder,) = [d["override /ladder"] for d in spec["defaults"] if isinstance(d, dict) and "override /ladder" in d]
+    rule = spec["ladder"].get("lr") or yaml.safe_load((ROOT / "conf" / "ladder" / f"{ladder}.yaml").read_text())[
+        "ladder"]["lr"]  # the study's LR rule, else its ladder's  # fmt: skip
+    assert rule in ("grid", "mup") and spec["optim"]["warmup_steps"] > 0
+    if rule == "grid":
+        grid = lr_grid(study)
+        assert len(grid) >= 2 and grid[-1] / grid[0] >= 2, (study, grid)
+    else:
+        assert ladder == "cpu_mup"  # a width-only ladder: μP's condition (conf/ladder/cpu_mup.yaml)
+        for arm, grid in mup_rung_grids(study).items():
+            base = sorted(grid[0])
+            assert len(base) >= 3 and base[-1] / base[0] >= 4 and set(grid[0][base[0]]) == {"0", "1"}, (arm, base)
+            assert all(len(lrs) == 1 for rung, lrs in grid.items() if rung), (arm, grid)
+            (transferred,) = {lr for rung, lrs in grid.items() if rung for lr in lrs}
+            assert base[0] < transferred < base[-1], (arm, transferred, base)  # inside the rung-0 grid
     budgets = spec["ladder"]["budgets"]
     assert len(budgets) >= 3 and budgets == sorted(budgets) and spec["optim"]["schedule"] == "wsd"
     assert all(c["metric"] == "compute_multiplier" for c in spec["claims"])
@@ -198,6 +222,24 @@ def test_regime_studies_keep_their_regime(study):
     assert spec["optim"]["warmup_steps"] == 0
     if "optim.lr" in params(study):
         assert all("optim.lr" in (c.get("context") or {}) for c in spec["claims"]), study
+
+
+def test_a_mup_ladder_transfers_each_arms_best_rung_0_lr():
+    """ladder_activation (ladder.lr=mup): the LR each arm trains at every wider rung is the best of its rung-0 grid
+    at the largest budget in the gallery's run (results/ladder_activation/lr_sweep.csv, mean final loss over
+    seeds), so the transfer rests on the study's own data."""
+    import pandas as pd
+
+    table = pd.read_csv(ROOT / "results" / "ladder_activation" / "lr_sweep.csv")
+    best = {}
+    for _, row in table.iterrows():
+        values = dict(part.split("=", 1) for part in str(row["context"]).split(", "))
+        if values["ladder.rung"] == "0" and values["ladder.budget"] == "null":
+            best[values["activation.name"]] = float(row["best_lr"])
+            assert not row["best_at_edge"] and int(row["n_lrs"]) >= 3, row["context"]
+    transferred = {arm: {lr for rung, lrs in grid.items() if rung for lr in lrs}
+                   for arm, grid in mup_rung_grids("ladder_activation").items()}  # fmt: skip
+    assert best and {arm: {lr} for arm, lr in best.items()} == transferred
 
 
 def test_lr_transfer_takes_the_base_sweeps_best_cell():

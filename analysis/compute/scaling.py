@@ -146,7 +146,7 @@ W_NON_MONOTONE = "non_monotone"  # arm, rung, value = mean loss, previous = the 
 W_SINGLE_SEED = "single_seed"  # arm, rungs: rungs with one fitted run, which the bootstrap cannot vary
 W_AT_BOUND = "at_bound"  # arm, param: the fit sits on a bound of that parameter
 W_BOOT_FAILED = "bootstrap_failed"  # arm, value = fraction of resamples whose fit failed
-W_LR_AT_EDGE = "lr_at_edge"  # arm, rung, value = the chosen LR, at an end of that cell's grid
+W_LR_AT_EDGE = "lr_at_edge"  # arm, rung, value = the chosen LR, at an end of that cell's grid; param = budget
 W_HELD_OUT_SKIPPED = "held_out_skipped"  # arm, value = rungs (held-out needs MIN_RUNGS)
 W_HELD_OUT_ABOVE_GOAL = "held_out_above_goal"  # arm, value = relative error (> HELD_OUT_GOAL)
 W_NO_BASELINE_FIT = "no_baseline_fit"  # arm = the baseline: no compute multipliers
@@ -652,8 +652,10 @@ def _design(rs: RunSet) -> _Design | None:
         return None
     # any other key that takes one value per rung comes with the rung (a per-rung batch size or LR)
     size_keys |= {k for k in varied if is_candidate(k) and _constant_within(rs, k, rung_of)}
-    lr_grid = LR_KEY in varied and LR_KEY not in size_keys
-    arm_axes = [a for a in axes if not set(a.keys) & size_keys and LR_KEY not in a.keys]
+    # an LR that follows the arm (each arm its own LR, e.g. tuned per arm for ladder.lr=mup) belongs to the arm;
+    # an LR axis of its own is a grid to pick each cell's best from
+    arm_axes = [a for a in axes if not set(a.keys) & size_keys and a.name != LR_KEY]
+    lr_grid = LR_KEY in varied and LR_KEY not in size_keys and not any(LR_KEY in a.keys for a in arm_axes)
     return _Design(size, sorted(size_keys), rung_of, label, arm_axes, lr_grid, warnings)
 
 
@@ -737,9 +739,8 @@ def scaling_study(
         rungs, left_out = [], []
         for key in sorted(k for k in cells if k[0] == name):
             members = sorted(cells[key], key=lambda r: (value_order(rs.configs[r].get(M.SEED)), r))
-            cell = _cell(rs, design, name, key[1], members, status, loss, compute, params, bad, warnings)
+            cell = _cell(rs, design, name, key[1], key[2], members, status, loss, compute, params, bad, warnings)
             if cell is not None:
-                cell.budget = key[2]
                 cell.tokens = float(np.nanmedian([tokens.get(r, math.nan) for r in cell.run_ids]))
                 cell.stalled = sum(stalled.get(r, False) for r in cell.run_ids)
                 cell.unfitted = fitted is not None and not any(math.isclose(key[2], b) for b in fitted)
@@ -860,11 +861,11 @@ def _baseline(
 
 
 def _cell(
-    rs: RunSet, design: _Design, arm: str, rung: int, members: list[str], status: dict[str, str],
+    rs: RunSet, design: _Design, arm: str, rung: int, budget: float, members: list[str], status: dict[str, str],
     loss: dict[str, float], compute: dict[str, float], params: dict[str, float], bad: dict[str, list[str]],
     warnings: list[ScalingWarning],
 ) -> RungData | None:  # fmt: skip
-    """The runs of one (arm, rung) cell that enter the fit (at the cell's best LR when the LR varies)."""
+    """The runs of one (arm, rung, budget) cell that enter the fit (at the cell's best LR when the LR varies)."""
     ok = []
     for r in members:
         if status[r] != M.STATUS_COMPLETED:
@@ -886,14 +887,14 @@ def _cell(
         lr = min(by_lr, key=lambda v: (float(np.mean([loss[r] for r in by_lr[v]])), v))
         ok = by_lr[lr]
         if len(grid) > 1 and lr in (grid[0], grid[-1]):
-            warnings.append(ScalingWarning(W_LR_AT_EDGE, arm, rung, lr))
+            warnings.append(ScalingWarning(W_LR_AT_EDGE, arm, rung, lr, param=f"{budget:g}"))
     c = np.array([compute[r] for r in ok])
     p = [params.get(r, math.nan) for r in ok]
     seeds = [rs.configs[r].get(M.SEED) for r in ok]
     return RungData(
         rung, design.rung_label[rung], float(np.median(c)), float(np.nanmedian(p)) if np.isfinite(p).any() else math.nan,
         ok, seeds, np.array([loss[r] for r in ok]), c, lr, grid, len(members),
-        losses_by_seed={str(sd): loss[r] for sd, r in zip(seeds, ok)},
+        losses_by_seed={str(sd): loss[r] for sd, r in zip(seeds, ok)}, budget=budget,
     )  # fmt: skip
 
 

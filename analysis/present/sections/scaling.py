@@ -108,7 +108,8 @@ def warning_text(w: ScalingWarning, study: ScalingStudy, status: dict[str, str] 
     if w.code == W_BOOT_FAILED:
         return f"{w.arm}: {pct(w.value)} of the bootstrap refits failed and are left out of the intervals."
     if w.code == W_LR_AT_EDGE:
-        return (f"{w.arm}, rung {rung}: the best learning rate ({w.value:g}) is at an end of the grid; the "
+        at = f" (budget {w.param})" if len(study.budgets) > 1 else ""
+        return (f"{w.arm}, rung {rung}{at}: the best learning rate ({w.value:g}) is at an end of the grid; the "
                 "optimum may lie beyond it.")  # fmt: skip
     if w.code == W_HELD_OUT_SKIPPED:
         return f"{w.arm}: no held-out check (it needs {MIN_RUNGS} rungs; the arm has {w.value})."
