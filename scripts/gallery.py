@@ -47,6 +47,7 @@ def run(studies: list[str], threads: int | None = None, launcher: str = "basic")
     worst = 0
     for study in studies:
         started, load_start = time.time(), _load().replace(" ", ",")
+        continued = has_runs(study)  # its folder holds runs already: this part adds to the time of the ones before
         with open(RUNS / f"{study}.log", "a") as log:  # a study run again continues its finished runs' log
             cmd = [sys.executable, "-m", "lm_ablate.study", study, "--out", str(RUNS / study), "--launcher", launcher,
                    "tracking=none", "train.progress=false"]  # fmt: skip
@@ -58,7 +59,7 @@ def run(studies: list[str], threads: int | None = None, launcher: str = "basic")
                 f"{threads or max(1, (os.cpu_count() or 2) // 2)}x2" if launcher == "joblib" else threads or "default"
             )
             f.write(f"{study} rc={rc} seconds={time.time() - started:.0f} threads={used} "
-                    f"load_start={load_start} load={_load()}\n")  # fmt: skip
+                    f"load_start={load_start}{' continued=1' if continued else ''} load={_load()}\n")  # fmt: skip
         worst = max(worst, rc)
     return worst
 
@@ -70,13 +71,22 @@ def _load() -> str:
 
 
 def times() -> dict[str, dict[str, str]]:
-    """study -> the fields of its last line in runs/gallery/times.txt (rc, seconds, threads, load)."""
+    """study -> the fields of its last line in runs/gallery/times.txt (rc, seconds, threads, load). A line marked
+    ``continued=1`` (the study's folder held runs when it started: resumed after an interruption, or extended with
+    more jobs) adds its seconds to the line before it, keeps that line's load at start, and counts ``parts``."""
     out: dict[str, dict[str, str]] = {}
     path = RUNS / "times.txt"
     for line in path.read_text().splitlines() if path.exists() else []:
         head, _, load = line.partition(" load=")
         study, *fields = head.split()
-        out[study] = {**dict(f.split("=", 1) for f in fields if "=" in f), "load": load or "?"}
+        row = {**dict(f.split("=", 1) for f in fields if "=" in f), "load": load or "?"}
+        before = out.get(study)
+        if row.pop("continued", None) == "1" and before is not None:
+            row["seconds"] = f"{float(before['seconds']) + float(row['seconds']):.0f}"
+            row["parts"] = str(int(before.get("parts", "1")) + 1)
+            if "load_start" in before:
+                row["load_start"] = before["load_start"]
+        out[study] = row
     return out
 
 
@@ -324,7 +334,8 @@ def build(studies: list[str]) -> int:
             t = timing[s]
             exit_note = "" if t.get("rc") == "0" else f" (exit {t.get('rc')})"
             start = t.get("load_start", "?").replace(",", " ")
-            timed.append(f"| {s} | {float(t['seconds']) / 60:.1f} min{exit_note} | {t.get('threads', 'default')} | "
+            parts = f" ({t['parts']} parts)" if "parts" in t else ""
+            timed.append(f"| {s} | {float(t['seconds']) / 60:.1f} min{parts}{exit_note} | {t.get('threads', 'default')} | "
                          f"{start} | {t['load']} |")  # fmt: skip
         elif s in kept_times:
             cells = [c.strip() for c in kept_times[s].strip().strip("|").split("|")]
@@ -359,7 +370,8 @@ def build(studies: list[str]) -> int:
             "On the 2-core machine, measured by `scripts/gallery.py run`. `train.threads` 1: two studies ran side by",
             "side, one core each (`--threads 1`); default: one study alone on both cores. Load: the 1, 5 and 15-minute",
             "load averages when the study started and when it ended (other people's jobs share the machine: a load",
-            "above 2 means they took cores too). A study resumed after an interruption counts only its last part.",
+            "above 2 means they took cores too). A study continued (resumed after an interruption, or extended with more",
+            "jobs) adds the time of each part.",
             "",
             "| study | wall time | train.threads | load at start | load at end |",
             "|---|---|---|---|---|",

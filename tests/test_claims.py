@@ -368,19 +368,16 @@ def test_compute_multiplier_reads_the_scaling_study():
     )  # fmt: skip
     study.held_out_error = {"norm.placement=pre": 0.019, "norm.placement=post": 0.019}.get
     assert evaluate_claims(rs, [c], scaling=study).results[0].verdict == HELD
-    # the chosen L(N, D) fit puts the baseline's compute-optimal size outside the rungs: the frontiers compared
-    # are extrapolated in N, so the multiplier decides nothing either (another arm's warning does not count)
-    from analysis.compute.scaling import W_FRONTIER_OUTSIDE, ScalingWarning
+    # the chosen L(N, D) curve of the baseline follows the edge of its trained allocations (the fit's unconstrained
+    # optimum lies outside them): said beside the verdict, which it does not change (another arm's warning: no note)
+    from analysis.compute.scaling import W_ALLOCATION_EDGE, ScalingWarning
 
-    study.warnings = [ScalingWarning(W_FRONTIER_OUTSIDE, "norm.placement=other", value=1e9)]
-    assert evaluate_claims(rs, [c], scaling=study).results[0].verdict == HELD
-    study.warnings.append(ScalingWarning(W_FRONTIER_OUTSIDE, "norm.placement=pre", value=1e-30))
+    study.warnings = [ScalingWarning(W_ALLOCATION_EDGE, "norm.placement=other", value=20.0, previous=13.0)]
     (res,) = evaluate_claims(rs, [c], scaling=study).results
-    assert (res.verdict, res.why, res.effect.notes) == (
-        INCONCLUSIVE,
-        "frontier_outside",
-        ("frontier_outside_the_rungs",),
-    )
+    assert (res.verdict, res.effect.notes) == (HELD, ())
+    study.warnings.append(ScalingWarning(W_ALLOCATION_EDGE, "norm.placement=pre", value=20.0, previous=0.4))
+    (res,) = evaluate_claims(rs, [c], scaling=study).results
+    assert (res.verdict, res.effect.estimate, res.effect.notes) == (HELD, 1.4, ("allocation_edge",))
 
 
 def test_an_unbounded_multiplier_interval_is_shown_as_the_scaling_table_shows_it():

@@ -46,6 +46,22 @@ def test_run_passes_threads_and_records_time_threads_and_load(gallery, monkeypat
     assert calls[0][6:8] == ["--launcher", "joblib"] and gallery.times()["position"]["threads"].endswith("x2")
 
 
+def test_a_study_continued_adds_its_parts_times(gallery, monkeypatch):
+    """A study whose folder already holds runs (resumed, or extended with more jobs) is marked continued=1, and
+    its wall time is the sum of its parts, with the first part's load at start."""
+    monkeypatch.setattr(gallery.subprocess, "call", lambda cmd, **kw: 0)
+    gallery.RUNS.mkdir(parents=True)
+    (gallery.RUNS / "times.txt").write_text("position rc=0 seconds=600 threads=1 load_start=1,1,1 load=2 2 2\n")
+    monkeypatch.setattr(gallery, "has_runs", lambda study: True)
+    gallery.run(["position"], threads=1)
+    assert "continued=1" in (gallery.RUNS / "times.txt").read_text().splitlines()[-1]
+    t = gallery.times()["position"]
+    assert t["parts"] == "2" and t["load_start"] == "1,1,1" and 600 <= float(t["seconds"]) < 610
+    monkeypatch.setattr(gallery, "has_runs", lambda study: False)
+    gallery.run(["position"], threads=1)  # a fresh folder: its own time again
+    assert "parts" not in gallery.times()["position"] and float(gallery.times()["position"]["seconds"]) < 10
+
+
 def test_times_reads_lines_written_before_threads_were_recorded(gallery):
     gallery.RUNS.mkdir(parents=True)
     (gallery.RUNS / "times.txt").write_text("norm_2x2 rc=0 seconds=263 load=2.99 3.07 2.85\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -41,18 +42,21 @@ def nd_law(n: float, d: float, mult: float = 1.0) -> float:
 
 
 def write_nd_ladder(root: Path, sigma: float = 0.003, seed: int = 0, budgets=BUDGETS, tasks: bool = False,
-                    fit: str | None = None, rungs: int = 5, fit_budgets: list | None = None) -> Path:  # fmt: skip
+                    fit: str | None = None, rungs: int = 5, fit_budgets: list | None = None,
+                    second: Callable[[float, float], float] | None = None) -> Path:  # fmt: skip
     """2 arms × ``rungs`` rungs × budgets × 3 seeds at 6·N FLOPs/token; the largest budget is the parent record,
-    the others its branches (``<job>.budget=<b>``, ladder.budget set), as lm_ablate/budgets.py writes them."""
+    the others its branches (``<job>.budget=<b>``, ladder.budget set), as lm_ablate/budgets.py writes them.
+    ``second``: the second arm's L(N, D) (default: ``nd_law`` with N worth MULT_N times as much)."""
     rng = np.random.default_rng(seed)
     job = 0
     for arm, mult in (("layernorm", 1.0), ("rmsnorm", MULT_N)):
+        truth = second if second is not None and arm == "rmsnorm" else (lambda n, d, mult=mult: nd_law(n, d, mult))
         for rung in range(rungs):
             n = n_params(rung)
             for s in range(3):  # one job per rung and seed: its largest budget and the branches of the others
                 for b in budgets:
                     d = int(20 * b * n)
-                    loss = nd_law(n, d, mult) * math.exp(sigma * rng.standard_normal())
+                    loss = truth(n, d) * math.exp(sigma * rng.standard_normal())
                     ladder = {"name": "cpu", "rung": rung, "tokens_per_param": 20, "budgets": list(budgets),
                               "budget": None if b == budgets[-1] else b, **({"fit": fit} if fit else {}),
                               **({"fit_budgets": fit_budgets} if fit_budgets else {})}  # fmt: skip
@@ -226,6 +230,80 @@ def test_frontier_is_the_numerical_minimum_over_model_size():
         res = minimize_scalar(f, bounds=(0, 60), method="bounded", options={"xatol": 1e-12})
         assert float(SF.curve_loss(law_c, c)) == pytest.approx(res.fun, rel=1e-10)
         assert n_opt[0] + n_opt[1] * math.log(c) == pytest.approx(res.x, abs=1e-5)
+
+
+def constrained_best(raw: np.ndarray, c0: float, s: float, band: tuple[float, float], log_c: float) -> float:
+    """min over log N of L(N, C/f(N)) with log(D/N) in ``band``: minimize_scalar on the bounded log N, or an end."""
+    lo, hi = ((log_c - c0 - band[1]) / (1 + s), (log_c - c0 - band[0]) / (1 + s))
+    f = lambda u: raw[0] + math.exp(raw[1] - raw[2] * u) + math.exp(raw[3] - raw[4] * (log_c - c0 - s * u))
+    inner = minimize_scalar(f, bounds=(lo, hi), method="bounded", options={"xatol": 1e-12}).fun
+    return min(inner, f(lo), f(hi))  # Brent stays off the bounds, where a binding band has its minimum
+
+
+def test_allocation_curve_is_the_best_trained_allocation_and_its_multiplier_inverts_it():
+    """The L(N, D) curve in compute: min over N of L(N, C/f(N)) with D/N inside the band of trained tokens per
+    parameter (minimize_scalar on the bounded log N) against allocation_loss; with a band that holds the optimum it
+    is the frontier's closed form; the multiplier against another curve is brentq's inverse of the baseline's."""
+    raw = np.array([1.5, math.log(30.0), 0.35, math.log(60.0), 0.3])
+    base = np.array([1.5, math.log(36.0), 0.35, math.log(66.0), 0.3])
+    c0, s = math.log(7.0), 0.93
+    law_c, n_opt = SF.frontier(raw, np.array(c0), np.array(s))
+    for c in (1e10, 1e12, 1e15):
+        lc = math.log(c)
+        log_r = lc - c0 - (1 + s) * (n_opt[0] + n_opt[1] * lc)  # the optimum's tokens per parameter at c
+        for band, binds in (((log_r - 1.5, log_r + 1.5), False), ((log_r + 0.7, log_r + 2.0), True),
+                            ((log_r - 3.0, log_r - 0.4), True)):  # fmt: skip
+            curve = SF.allocation_curve(raw, np.array(c0), np.array(s), np.array(band))
+            got = float(SF.allocation_loss(curve, lc))
+            assert got == pytest.approx(constrained_best(raw, c0, s, band, lc), rel=1e-10)
+            assert (got > float(SF.curve_loss(law_c, c)) + 1e-9) == binds
+            b_curve = SF.allocation_curve(base, np.array(c0), np.array(s), np.array(band))
+            gap = lambda lb, band=band, got=got: constrained_best(base, c0, s, band, lb) - got
+            truth = brentq(gap, lc - 10, lc + 10, xtol=1e-13)
+            got_cm = float(SF.allocation_log_multiplier(curve, b_curve, np.array(lc)))
+            assert got_cm == pytest.approx(truth - lc, abs=1e-8)
+    # a loss at or below the baseline's E is never reached: +inf
+    low_e = np.array([1.0, *raw[1:]])
+    curve = SF.allocation_curve(low_e, np.array(c0), np.array(s), np.array((0.0, 3.0)))
+    b_curve = SF.allocation_curve(raw, np.array(c0), np.array(s), np.array((0.0, 3.0)))
+    assert np.isinf(SF.allocation_log_multiplier(curve, b_curve, np.array(math.log(1e30))))
+
+
+def test_a_size_exponent_near_zero_makes_the_curve_follow_the_trained_band():
+    """The second arm's loss hardly depends on N (a = 0.02 over a 4x span of sizes): its unconstrained frontier
+    trains a model of a few parameters for ever, far from every rung. The study warns, its curve follows the
+    band's edge (40 tokens per parameter: budget 2 × 20), and the multiplier at the largest compute is the one of
+    the true laws under the same band (minimize_scalar + brentq) within its interval; the unconstrained
+    frontier's multiplier of the same fit is not."""
+    a1 = ND["A"] * n_params(2) ** (0.02 - ND["a"])  # the same N term as the first arm at rung 2
+    second = lambda n, d: ND["E"] + a1 * n**-0.02 + ND["B"] * d ** -ND["b"]
+    st = study_of(write_nd_ladder(Path(tempfile_dir()), second=second), n_boot=200)
+    assert st.chosen == "nd_shared_e"
+    ff = st.forms["nd_shared_e"]
+    # (the first arm's true optimum at its largest compute lies at about 40 tokens per parameter, the band's edge:
+    # the fit may put it a little either side, and its curve is then the same within float precision)
+    (edge,) = [w for w in st.warnings if w.code == S.W_ALLOCATION_EDGE and w.arm == "norm.name=rmsnorm"]
+    assert edge.value == pytest.approx(40.0) and edge.param == "5-40"
+    assert edge.previous < 100  # the frontier's N_opt: a few parameters (the rungs hold 20k-80k)
+    band = (math.log(5.0), math.log(40.0))
+    log_c = math.log(max(r.compute for r in st.arms[1].rungs))
+    true0 = np.array([ND["E"], math.log(ND["A"]), ND["a"], math.log(ND["B"]), ND["b"]])
+    true1 = np.array([ND["E"], math.log(a1), 0.02, math.log(ND["B"]), ND["b"]])
+    target = constrained_best(true1, math.log(6.0), 1.0, band, log_c)
+    lb = brentq(lambda x: constrained_best(true0, math.log(6.0), 1.0, band, x) - target, log_c - 10, log_c + 10)
+    truth = math.exp(lb - log_c)
+    m = next(m for m in st.multipliers if m.at == "largest")
+    assert m.low <= truth <= m.high, (m.low, truth, m.high)
+    frontier_cm = math.exp(float(S.log_multiplier(ff.frontier_laws[1], ff.frontier_laws[0], np.array(log_c))))
+    assert not m.low <= frontier_cm <= m.high, (frontier_cm, m.low, m.high)
+    text = render_markdown(scaling_blocks(st))
+    assert "its curve follows the band's edge, 40 tokens per parameter" in text
+
+
+def tempfile_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="nd_edge_")
 
 
 def test_nd_fit_recovers_the_frontier_multiplier(nd):

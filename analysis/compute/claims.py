@@ -91,11 +91,10 @@ WHY_NOT_SCALING_BASELINE = "baseline_not_scaling_baseline"  # CM is against the 
 WHY_NO_MULTIPLIER = "no_multiplier"  # the scaling study has no multiplier for the arm at `at`
 WHY_STALLED = "stalled_seeds"  # a side has stalled seeds where it is decided: inconclusive (k of n per side)
 WHY_FIT_OFF_GOAL = "fit_off_goal"  # a compute multiplier whose fit missed the held-out goal: inconclusive
-WHY_FRONTIER_OUTSIDE = "frontier_outside"  # an L(N, D) multiplier whose compute-optimal size lies off the ladder
 WHY_SPEED_UNSTEADY = "speed_unsteady"  # a tokens/s claim whose side's runs spread > SPEED_SPREAD_LIMIT: inconclusive
 LR_MULT_KEY = "choices.lr_mult"  # the LR as a multiple of the optimizer's reference (conf/lr_mult/)
 NOTE_FIT_OFF_GOAL = "fit_off_goal"  # the arm's or the baseline's fit predicts its held-out rung > the goal off
-NOTE_FRONTIER_OUTSIDE = "frontier_outside_the_rungs"  # the chosen L(N, D) fit puts N_opt outside the rungs' N
+NOTE_ALLOCATION_EDGE = "allocation_edge"  # an L(N, D) curve compared follows the edge of its trained allocations
 NOTE_SPEED_UNSTEADY = "speed_unsteady"  # tokens/s of a side's runs (every LR) varies > SPEED_SPREAD_LIMIT
 NOTE_GRIDS_DIFFER = "lr_grids_differ"  # lr_sensitivity: arm and baseline ran different LR grids
 NOTE_SEEDS_LEFT_OUT = "seeds_without_full_grid"  # lr_sensitivity: a seed that missed an LR of its arm's grid
@@ -545,15 +544,15 @@ def compute_multiplier(sel: Selection) -> Effect | str:
     nan = math.nan
     # a fit that cannot predict a rung it did not see (held-out error above the goal) extrapolates nothing: the
     # multiplier is shown, but decides no claim (a fit without a check, too few rungs, is noted as unvalidated)
-    from analysis.compute.scaling import HELD_OUT_GOAL, W_FRONTIER_OUTSIDE  # loaded only where a claim needs it
+    from analysis.compute.scaling import HELD_OUT_GOAL, W_ALLOCATION_EDGE  # loaded only where a claim needs it
 
     off_goal = any(study.held_out_error(a) > HELD_OUT_GOAL for a in (arm, base))
-    # an L(N, D) multiplier compares compute-optimal frontiers; where the fit puts the optimal size outside the
-    # rungs' sizes (an exponent at its bound makes N_opt run off: ladder_activation under μP, GELU's a = 0.001),
-    # the frontier is an extrapolation in N that no rung checked
-    outside = any(w.code == W_FRONTIER_OUTSIDE and w.arm in (arm, base) for w in study.warnings)
+    # an L(N, D) curve is the best allocation within the tokens per parameter its runs trained; where the
+    # unconstrained optimum lies outside that band the curve follows the band's edge (noted, not a downgrade: the
+    # comparison then rests on allocations the ladder trained, where the frontier would not)
+    edge = any(w.code == W_ALLOCATION_EDGE and w.arm in (arm, base) for w in study.warnings)
     flags = ((NOTE_BEYOND_VALIDATED, m.beyond_validated), (NOTE_CELL_BEST_LR, study.lr_selected),
-             (NOTE_FIT_OFF_GOAL, off_goal), (NOTE_FRONTIER_OUTSIDE, outside))  # fmt: skip
+             (NOTE_FIT_OFF_GOAL, off_goal), (NOTE_ALLOCATION_EDGE, edge))  # fmt: skip
     notes = tuple(note for note, on in flags if on)
     return Effect(m.cm, m.low, m.high, nan, nan, nan, "bootstrap", 0, rungs[arm], rungs[base], nan, nan, notes)
 
@@ -593,7 +592,6 @@ def fitted_runs(sel: Selection) -> Selection:
 DOWNGRADES = {
     NOTE_SPEED_UNSTEADY: WHY_SPEED_UNSTEADY,  # the machine's load, not the arm, may set the ratio
     NOTE_FIT_OFF_GOAL: WHY_FIT_OFF_GOAL,  # the fit missed its held-out rung by more than the goal
-    NOTE_FRONTIER_OUTSIDE: WHY_FRONTIER_OUTSIDE,  # the frontier's optimal size lies off the ladder
 }
 
 

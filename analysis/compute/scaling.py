@@ -23,6 +23,7 @@ held-out error         |L̂₋(C_top) − L̄_top| / L̄_top, L̂₋ fitted with
                        largest rung, L̄_top that rung's mean loss over seeds      ladder), section 3
 joint forms            shared E (and α); L(N, D) = E + A/N^a + B/D^b with       Hoffmann et al. 2022; OLMo-core
                        several budgets per rung; compute-optimal frontier        ladder analysis (fixed E);
+                       within the trained tokens per parameter                   Hoffmann et al. eq. 4
                        (analysis/compute/scaling_forms.py)                       Besiroglu et al. 2024
 single-rung ranking    mean loss of arm − baseline per (rung, budget), paired    DataDecide (Magnusson et al.
                        t (Welch when the seeds differ)                           2025)
@@ -155,7 +156,8 @@ W_BASELINE_NOT_ARM = "baseline_not_arm"  # value = the --baseline key, which is 
 W_STALLED = "stalled"  # arm, rung, value = stalled runs of a cell left out of the fits, previous = its runs
 W_OFF_FIT = "off_fit"  # arm, rung, value = |chosen fit − mean| / mean of a cell (> HELD_OUT_GOAL), param = budget
 W_NOT_CONVERGED = "not_converged"  # param = the form whose point fit stopped at MAX_ITER
-W_FRONTIER_OUTSIDE = "frontier_outside"  # arm, value = N_opt at the largest compute, outside the rungs' N
+W_ALLOCATION_EDGE = "allocation_edge"  # arm, value = the edge's tokens per parameter its curve follows at its largest
+# compute, previous = the unconstrained frontier's N_opt there (outside the trained band), param = "lo-hi" of the band
 
 LADDER_PARAMS_KEY = "ladder.params"  # the N a budget is a multiple of: non_embedding | total
 FIT_KEY = "ladder.fit"  # the form the claims use (lm_ablate/validation.py FIT_FORMS)
@@ -383,7 +385,7 @@ class ScalingStudy:
                                        "is_baseline": a.is_baseline, "n_params": ff.n_params, "n_cells": ff.n_cells,
                                        "skipped": ff.why_not or ""}  # fmt: skip
                 if ff.fitted:
-                    assert ff.raw is not None and ff.laws is not None
+                    assert ff.raw is not None and ff.frontier_laws is not None
                     comps = ff.form.components
                     row.update({f"fit_{c}": float(ff.raw[k, j]) for j, c in enumerate(comps)})
                     own = {c: (f"{c}[{k}]" if f"{c}[{k}]" in ff.intervals else c) for c in comps}
@@ -393,8 +395,8 @@ class ScalingStudy:
                     row.update(objective=ff.objective, converged=ff.converged, agreeing_starts=ff.agreeing_starts,
                                at_bound=" ".join(ff.at_bound), held_out_rel_error=ff.held_out_error(k),
                                held_out_factor=ff.held_out_factor, lobo_rel_error=ff.lobo_error(k), score=ff.score,
-                               law_E=float(ff.laws[k, 0]), law_log_A=float(ff.laws[k, 1]),
-                               law_alpha=float(ff.laws[k, 2]))  # fmt: skip
+                               law_E=float(ff.frontier_laws[k, 0]), law_log_A=float(ff.frontier_laws[k, 1]),
+                               law_alpha=float(ff.frontier_laws[k, 2]))  # fmt: skip
                 for m in self.form_multipliers.get(name, []):
                     if m.arm == a.arm:
                         row.update({f"cm_{m.at}": m.cm, f"cm_{m.at}_low": m.low, f"cm_{m.at}_high": m.high,
@@ -572,6 +574,14 @@ def log_multiplier(x: np.ndarray, base: np.ndarray, log_c: np.ndarray) -> np.nda
         ratio = np.where(gap == 0, 0.0, gap * np.exp(alx * log_c - ax))  # (E_X − E_b) / (A_X C^−α_X)
         out = ((alx - alb) * log_c - (ax - ab) - np.log1p(ratio)) / alb
     return np.where(1.0 + ratio > 0, out, np.inf)
+
+
+def curve_log_multiplier(x: np.ndarray, base: np.ndarray, log_c: np.ndarray) -> np.ndarray:
+    """log CM between two arms' curves in compute: power laws (..., 3) in closed form (:func:`log_multiplier`),
+    L(N, D) allocation curves (..., 9) by inverting the baseline's curve (scaling_forms.allocation_log_multiplier)."""
+    if np.shape(x)[-1] == len(SF.ND_CURVE):
+        return SF.allocation_log_multiplier(x, base, log_c)
+    return log_multiplier(x, base, log_c)
 
 
 def compute_multiplier(x: PowerLaw, base: PowerLaw, compute: Any) -> np.ndarray:
@@ -1013,8 +1023,8 @@ def _multipliers(arms: list[ArmFit], laws: list[Law | None], validated: list[flo
         at = [("largest", hi)] + [(f"{k:g}x", k * hi) for k in EXTRAPOLATE]
         for label, c in at:
             log_c = math.log(c)
-            point = float(log_multiplier(x_fit, b_fit, np.array(log_c)))
-            boot = log_multiplier(x_boot, b_boot, np.full(len(x_boot), log_c))
+            point = float(curve_log_multiplier(x_fit, b_fit, np.array(log_c)))
+            boot = curve_log_multiplier(x_boot, b_boot, np.full(len(x_boot), log_c))
             boot = np.where(failed, np.nan, boot)
             low, high = _interval(boot, confidence)
             cm = math.exp(point) if point < 700 else math.inf
@@ -1030,8 +1040,8 @@ def _multipliers(arms: list[ArmFit], laws: list[Law | None], validated: list[flo
                 warnings.append(ScalingWarning(W_CM_INFINITE, arm.arm, value=c))
         grid = np.geomspace(lo, hi * max(EXTRAPOLATE), CURVE_POINTS)
         log_g = np.log(grid)
-        point = log_multiplier(x_fit, b_fit, log_g)
-        boot = log_multiplier(x_boot[:, None, :], b_boot[:, None, :], log_g[None, :])
+        point = curve_log_multiplier(x_fit, b_fit, log_g)
+        boot = curve_log_multiplier(x_boot[:, None, :], b_boot[:, None, :], log_g[None, :])
         boot[failed] = np.nan
         band = np.array([_interval(boot[:, j], confidence) for j in range(len(grid))])
         curves.append(MultiplierCurve(arm.arm, grid, _exp(point), _exp(band[:, 0]), _exp(band[:, 1])))
@@ -1111,13 +1121,17 @@ def _fit_forms(study: ScalingStudy, draws: dict[int, np.ndarray], requested: str
         if c.rel_error > HELD_OUT_GOAL:
             study.warnings.append(ScalingWarning(W_OFF_FIT, arms[c.arm].arm, c.rung, c.rel_error,
                                                  param=f"{c.budget:g}"))  # fmt: skip
-    if ff.n_opt is not None:
-        for k, a in enumerate(arms):
-            log_n = ff.n_opt[k, 0] + ff.n_opt[k, 1] * math.log(a.compute_range[1])
-            n_opt = math.exp(min(log_n, 709.0))  # a degenerate frontier (b·s ≈ 0) puts N_opt past any float
-            sizes = [r.params for r in a.rungs]
-            if not min(sizes) <= n_opt <= max(sizes):
-                study.warnings.append(ScalingWarning(W_FRONTIER_OUTSIDE, a.arm, value=n_opt))
+    if ff.n_opt is not None and ff.bands is not None:
+        for k, a in enumerate(arms):  # where the curve is not the compute-optimal frontier (scaling_forms.allocation)
+            log_c = math.log(a.compute_range[1])
+            log_n_opt = ff.n_opt[k, 0] + ff.n_opt[k, 1] * log_c
+            log_n, log_d = SF.allocation(ff.laws[k], np.array(log_c))
+            if not np.isclose(float(log_n), log_n_opt, rtol=0, atol=1e-9):
+                lo, hi = np.exp(ff.bands[k])
+                study.warnings.append(ScalingWarning(
+                    W_ALLOCATION_EDGE, a.arm, value=float(np.exp(log_d - log_n)),
+                    previous=math.exp(min(log_n_opt, 709.0)), param=f"{lo:.3g}-{hi:.3g}",
+                ))  # fmt: skip
 
 
 def _rankings(study: ScalingStudy) -> list[RungRanking]:

@@ -24,15 +24,21 @@ once; a form with nothing shared is fitted arm by arm (the same optimum, and eac
 Inputs are centred (C/C_ref, N/N_ref, D/D_ref at the geometric means of all points) so parameters have similar
 scales; amplitudes are returned in raw units.
 
-Each arm's curve in compute. L(C) forms: the fit itself. L(N, D) forms: the compute-optimal frontier
-L*(C) = min_N L(N, C/f(N)), f(N) the arm's FLOPs per token as a function of N, taken as the power law
-f = e^(c0)·N^s fitted through its rungs (6N plus the attention term: s a little below 1; within a few
-percent at every rung). Then, with T1 = A·N^(−a), T2 = B·D^(−b), the optimum has a·T1 = b·s·T2 and
-L*(C) = E + G·C^(−γ), γ = a·b/(a + b·s): a power law in C again, so a compute multiplier is computed as for
-the L(C) forms (analysis/compute/scaling.py).
+Each arm's curve in compute. L(C) forms: the fit itself. L(N, D) forms: the best allocation of C within the
+tokens per parameter the arm's runs trained, L(C) = min_N L(N, C/f(N)) over r_lo ≤ D/N ≤ r_hi (the band of its
+fitted cells: tokens_per_param × the smallest and largest budget), f(N) the arm's FLOPs per token as a function
+of N, taken as the power law f = e^(c0)·N^s fitted through its rungs (6N plus the attention term: s a little
+below 1; within a few percent at every rung). With T1 = A·N^(−a), T2 = B·D^(−b) the unconstrained optimum has
+a·T1 = b·s·T2: the compute-optimal frontier L*(C) = E + G·C^(−γ), γ = a·b/(a + b·s) (Hoffmann et al. 2022,
+eq. 4), which the curve is wherever that optimum's D/N lies inside the band. Outside it the frontier rests on
+allocations no run trained: with a 5x span of sizes a size exponent a can sit at its bound, and the frontier
+then trains a model of a few parameters for ever, so its multiplier says nothing about the rungs; the curve
+follows the band's edge instead (L is convex in log N at fixed C, so the clipped optimum is the constrained one).
+A compute multiplier inverts the baseline's curve numerically (:func:`allocation_log_multiplier`); the L(C)
+forms' in closed form (analysis/compute/scaling.py).
 
 With shared E and α the multiplier is a constant, (A_base/A_X)^(1/α); with shared E and exponents the
-frontiers share γ and the multiplier is constant too.
+frontiers share γ and the multiplier is constant too (inside the band).
 """
 
 from __future__ import annotations
@@ -439,6 +445,63 @@ def frontier(nd: np.ndarray, c0: np.ndarray, s: np.ndarray) -> tuple[np.ndarray,
     return np.stack([E, log_g, gamma], axis=-1), np.stack([kappa, lam], axis=-1)
 
 
+# --- the frontier within the trained allocations ---------------------------------------------------------
+ND_CURVE = ("E", "log_A", "a", "log_B", "b", "c0", "s", "log_r_lo", "log_r_hi")  # an L(N, D) arm's curve in C
+BISECT = 80  # halvings of the log-compute bracket when inverting a curve (250 / 2^80: float precision)
+LOG_C_BRACKET = (0.0, 250.0)  # log C searched for the compute that reaches a loss (1 to e^250 FLOPs)
+
+
+def allocation_curve(nd: np.ndarray, c0: np.ndarray, s: np.ndarray, log_r: np.ndarray) -> np.ndarray:
+    """An arm's curve in compute (..., 9) = ND_CURVE: its L(N, D) (raw (..., 5)), its FLOPs per token
+    f(N) = e^c0·N^s, and the band of tokens per parameter log(D/N) in [log_r (..., 0), log_r (..., 1)] its
+    fitted cells trained (:func:`allocation`)."""
+    shape = nd.shape[:-1]
+    extra = [np.broadcast_to(np.asarray(v, dtype=float), shape) for v in (c0, s, log_r[..., 0], log_r[..., 1])]
+    return np.concatenate([nd, np.stack(extra, axis=-1)], axis=-1)
+
+
+def allocation(curve: np.ndarray, log_c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(log N, log D) of the best allocation of compute C within the trained tokens per parameter.
+
+    At fixed C, D = C/f(N), so L = E + A·N^(−a) + B·e^(b·c0)·C^(−b)·N^(b·s): a sum of two exponentials in log N,
+    convex; its minimum under r_lo ≤ D/N ≤ r_hi is the unconstrained optimum (:func:`frontier`) clipped to the
+    band's ends, log N = (log C − c0 − log r)/(1 + s). Where the unconstrained optimum lies inside the band this
+    is the compute-optimal frontier; outside it, the frontier would rest on allocations no run trained (a size
+    exponent at its bound puts it at a few parameters), and the curve follows the band's edge instead."""
+    E, la, a, lb, b, c0, s, r_lo, r_hi = (curve[..., i] for i in range(9))
+    _, n_opt = frontier(curve[..., :5], c0, s)
+    with np.errstate(invalid="ignore"):
+        log_n = np.clip(n_opt[..., 0] + n_opt[..., 1] * log_c, (log_c - c0 - r_hi) / (1 + s),
+                        (log_c - c0 - r_lo) / (1 + s))  # fmt: skip
+    return log_n, log_c - c0 - s * log_n
+
+
+def allocation_loss(curve: np.ndarray, log_c: Any) -> np.ndarray:
+    """L at the best allocation within the trained band (:func:`allocation`) of compute e^log_c."""
+    log_c = np.asarray(log_c, dtype=float)
+    log_n, log_d = allocation(curve, log_c)
+    return curve[..., 0] + np.exp(curve[..., 1] - curve[..., 2] * log_n) + np.exp(curve[..., 3] - curve[..., 4] * log_d)
+
+
+def allocation_log_compute(curve: np.ndarray, loss: np.ndarray) -> np.ndarray:
+    """log C at which :func:`allocation_loss` reaches ``loss`` (it falls strictly with C: at a larger C the same
+    tokens per parameter buys a larger N and D): bisection in LOG_C_BRACKET; +inf where loss ≤ E (never
+    reached), the bracket's end where the loss lies beyond it."""
+    lo = np.full(np.broadcast_shapes(curve.shape[:-1], np.shape(loss)), LOG_C_BRACKET[0])
+    hi = np.full_like(lo, LOG_C_BRACKET[1])
+    for _ in range(BISECT):
+        mid = 0.5 * (lo + hi)
+        above = allocation_loss(curve, mid) > loss  # not there yet: more compute
+        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+    return np.where(loss > curve[..., 0], 0.5 * (lo + hi), np.inf)
+
+
+def allocation_log_multiplier(x: np.ndarray, base: np.ndarray, log_c: np.ndarray) -> np.ndarray:
+    """log CM(C) = log L_base⁻¹(L_X(C)) − log C between two allocation curves (..., 9); +inf where L_X(C) ≤
+    E_base."""
+    return allocation_log_compute(base, allocation_loss(x, log_c)) - log_c
+
+
 def flops_law(params: np.ndarray, flops_per_token: np.ndarray) -> tuple[float, float]:
     """(c0, s) of log f = c0 + s·log N through an arm's rungs (least squares; s = 1 from one rung)."""
     u, v = np.log(params), np.log(flops_per_token)
@@ -449,8 +512,11 @@ def flops_law(params: np.ndarray, flops_per_token: np.ndarray) -> tuple[float, f
 
 
 def curve_loss(law: np.ndarray, compute: Any) -> np.ndarray:
-    """E + exp(log A − α log C) for power laws (..., 3)."""
+    """An arm's loss at ``compute`` on its curve: E + exp(log A − α log C) for power laws (..., 3), the best
+    allocation within the trained band for L(N, D) curves (..., 9)."""
     c = np.log(np.asarray(compute, dtype=float))
+    if law.shape[-1] == len(ND_CURVE):
+        return allocation_loss(law, c)
     return law[..., 0] + np.exp(law[..., 1] - law[..., 2] * c)
 
 
@@ -514,9 +580,13 @@ class FormFit:
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # θ name -> percentile interval
     raw: np.ndarray | None = None  # (n_arms, components) raw units
     raw_boot: np.ndarray | None = None  # (B, n_arms, components)
-    laws: np.ndarray | None = None  # (n_arms, 3): each arm's L(C) (the fit, or the compute-optimal frontier)
-    laws_boot: np.ndarray | None = None  # (B, n_arms, 3)
-    n_opt: np.ndarray | None = None  # (n_arms, 2): log N_opt = κ + λ log C (L(N, D) forms)
+    # each arm's curve in compute: L(C) forms (n_arms, 3), the fit; L(N, D) forms (n_arms, 9), the best allocation
+    # within the trained tokens per parameter (ND_CURVE, :func:`allocation`)
+    laws: np.ndarray | None = None
+    laws_boot: np.ndarray | None = None  # (B, n_arms, 3 or 9)
+    frontier_laws: np.ndarray | None = None  # (n_arms, 3): L(C) forms the fit; L(N, D) the unconstrained frontier
+    n_opt: np.ndarray | None = None  # (n_arms, 2): log N_opt = κ + λ log C (L(N, D) forms, unconstrained)
+    bands: np.ndarray | None = None  # (n_arms, 2): log(D/N) of each arm's fitted cells, lowest and highest
     flops: list[tuple[float, float]] = field(default_factory=list)  # per arm (c0, s) of f(N)
     held_out: list[CellCheck] = field(default_factory=list)  # the largest rung of every arm, left out
     held_out_factor: float = math.nan  # compute of the held-out rung / largest compute of the rest (min over arms)
@@ -619,11 +689,13 @@ def fill(ff: FormFit, points: Points, spread: np.ndarray, weights: np.ndarray, c
     for j, name in enumerate(point.names):
         ff.intervals[name] = percentile(boot[:, j], confidence)
     ff.raw, ff.raw_boot = to_raw(form, ff.theta, K, refs), to_raw(form, boot, K, refs)
-    ff.laws, ff.laws_boot, ff.n_opt = laws_of(form, ff.raw, ff.flops), laws_of(form, ff.raw_boot, ff.flops), None
+    ff.bands = bands_of(points, K) if form.kind == "ND" else None
+    ff.laws, ff.laws_boot = laws_of(form, ff.raw, ff.flops, ff.bands), laws_of(form, ff.raw_boot, ff.flops, ff.bands)
+    ff.frontier_laws, ff.n_opt = ff.raw, None
     if form.kind == "ND":
         c0 = np.array([c for c, _ in ff.flops])
         s = np.array([s for _, s in ff.flops])
-        ff.n_opt = frontier(ff.raw, c0, s)[1]
+        ff.frontier_laws, ff.n_opt = frontier(ff.raw, c0, s)
     means = cell_means(points)
     arm_idx = np.array([c[0][0] for c in means])
     pred = predict(form, ff.raw, arm_idx, *(np.array([c[i] for c in means]) for i in (2, 3, 4)))
@@ -638,12 +710,26 @@ def to_raw(form: Form, theta: np.ndarray, n_arms: int, refs: tuple[float, float,
     return raw_c(phi, refs[0]) if form.kind == "C" else raw_nd(phi, refs[1], refs[2])
 
 
-def laws_of(form: Form, raw: np.ndarray, flops: list[tuple[float, float]]) -> np.ndarray:
+def laws_of(form: Form, raw: np.ndarray, flops: list[tuple[float, float]], bands: np.ndarray | None) -> np.ndarray:
+    """Each arm's curve in compute: the L(C) fit itself, or the L(N, D) fit's allocation curve (ND_CURVE) over the
+    arm's f(N) law and its band of trained tokens per parameter (n_arms, 2)."""
     if form.kind == "C":
         return raw
+    assert bands is not None
     c0 = np.array([c for c, _ in flops])
     s = np.array([s for _, s in flops])
-    return frontier(raw, c0, s)[0]
+    return allocation_curve(raw, c0, s, bands)
+
+
+def bands_of(points: Points, n_arms: int) -> np.ndarray:
+    """(n_arms, 2): the lowest and highest log(D/N) among each arm's points (NaN for an arm without points)."""
+    ratio = np.log(points.tokens / points.params)
+    out = np.full((n_arms, 2), np.nan)
+    for k in range(n_arms):
+        mine = ratio[points.arm == k]
+        if len(mine):
+            out[k] = mine.min(), mine.max()
+    return out
 
 
 def largest_rung(points: Points) -> list[np.ndarray]:

@@ -185,7 +185,7 @@ def fit_task(task: str, kb: str, ka: str, form: SF.Form, rows: list[tuple], n_ar
         tf.why_not = "not_fitted"
         return tf
     raw = SF.to_raw(form, fit.theta[0], n_arms, refs)
-    tf.laws = SF.laws_of(form, raw, flops) if form.kind == "ND" and flops else raw
+    tf.laws = SF.laws_of(form, raw, flops, SF.bands_of(pts, n_arms)) if form.kind == "ND" and flops else raw
     tf.sigmoid = fit_sigmoid(np.array([v[1] for v in means.values()]), np.array([v[2] for v in means.values()]))
     # held out: every arm's largest rung, both steps refitted without it
     left = SF.largest_rung(pts)[0]

@@ -63,9 +63,9 @@ def loss_compute_figure(study: ScalingStudy) -> PlotFigure | None:
     labels = [a.arm + (" (baseline)" if a.is_baseline else "") for a in arms]
     ff = study.chosen_fit
     joint = ff is not None and ff.fitted and ff.laws is not None
-    what = ("the compute-optimal frontier of " if joint and ff.form.kind == "ND" else "") + (
-        f"the {study.chosen} fit" if joint else "each arm's fit"
-    )
+    what = (
+        "the best allocation within the trained tokens per parameter under " if joint and ff.form.kind == "ND" else ""
+    ) + (f"the {study.chosen} fit" if joint else "each arm's fit")
     extra = [
         Line2D([], [], color="0.3", marker=".", ls="", alpha=0.5, label="one run"),
         Line2D([], [], color="0.3", marker="o", ls="", label="mean over seeds"),
@@ -74,7 +74,7 @@ def loss_compute_figure(study: ScalingStudy) -> PlotFigure | None:
             [],
             color="0.3",
             lw=1.5,
-            label=("frontier" if joint and ff.form.kind == "ND" else "fit") + " over the rungs",
+            label=("best trained allocation" if joint and ff.form.kind == "ND" else "fit") + " over the rungs",
         ),
         Line2D([], [], color="0.3", lw=1.2, ls="--", label=f"fit extrapolated to {max(EXTRAPOLATE):g}×"),
         Line2D([], [], color="0.3", marker="D", mfc="none", ls="", label="held-out prediction"),

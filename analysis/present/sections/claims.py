@@ -17,17 +17,16 @@ from analysis.compute.claims import (
     HELD,
     INCONCLUSIVE,
     MIXED,
+    NOTE_ALLOCATION_EDGE,
     NOTE_BEYOND_VALIDATED,
     NOTE_CELL_BEST_LR,
     NOTE_FIT_OFF_GOAL,
-    NOTE_FRONTIER_OUTSIDE,
     NOTE_GRIDS_DIFFER,
     NOTE_SEEDS_LEFT_OUT,
     NOTE_SPEED_UNSTEADY,
     SPEED_SPREAD_LIMIT,
     UNTESTED,
     WHY_FIT_OFF_GOAL,
-    WHY_FRONTIER_OUTSIDE,
     WHY_NO_ARM,
     WHY_NO_ARM_VALUES,
     WHY_NO_BASELINE,
@@ -89,17 +88,15 @@ WHY_TEXT = {
         f"tokens/s varies more than {SPEED_SPREAD_LIMIT:g}x between the runs of a side (at every LR of its grid): "
         "the machine's load changed while they ran, so the ratio is not to be trusted"
     ),
-    WHY_FRONTIER_OUTSIDE: (
-        "the fit's compute-optimal model size lies outside the rungs' sizes (the Scaling section's warnings): the "
-        "frontier the multiplier compares is extrapolated in N"
-    ),
 }
-NOTE_OF_WHY = {WHY_SPEED_UNSTEADY: NOTE_SPEED_UNSTEADY, WHY_FIT_OFF_GOAL: NOTE_FIT_OFF_GOAL,
-               WHY_FRONTIER_OUTSIDE: NOTE_FRONTIER_OUTSIDE}  # the note a reason says  # fmt: skip
+NOTE_OF_WHY = {WHY_SPEED_UNSTEADY: NOTE_SPEED_UNSTEADY, WHY_FIT_OFF_GOAL: NOTE_FIT_OFF_GOAL}  # the note a reason says
 NOTE_TEXT = {
     NOTE_BEYOND_VALIDATED: "the fits are extrapolated further than the held-out rung checked them: read with care",
     NOTE_FIT_OFF_GOAL: f"the fit missed its held-out rung by more than {HELD_OUT_GOAL:.0%}",
-    NOTE_FRONTIER_OUTSIDE: "the fit's compute-optimal size lies outside the rungs' sizes",
+    NOTE_ALLOCATION_EDGE: (
+        "a curve compared follows the edge of the tokens per parameter its runs trained (the fit's compute-optimal "
+        "allocation lies outside them)"
+    ),
     NOTE_SPEED_UNSTEADY: (
         f"tokens/s varies more than {SPEED_SPREAD_LIMIT:g}x between the runs of a side (at every LR of its grid): "
         "not to be trusted"

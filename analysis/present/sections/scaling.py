@@ -13,12 +13,12 @@ from analysis.compute.scaling import (
     HELD_OUT_GOAL,
     MIN_RUNGS,
     RUNG_KEY,
+    W_ALLOCATION_EDGE,
     W_AT_BOUND,
     W_BASELINE_NOT_ARM,
     W_BOOT_FAILED,
     W_CM_INFINITE,
     W_FEW_RUNGS,
-    W_FRONTIER_OUTSIDE,
     W_HELD_OUT_ABOVE_GOAL,
     W_HELD_OUT_SKIPPED,
     W_LR_AT_EDGE,
@@ -130,9 +130,10 @@ def warning_text(w: ScalingWarning, study: ScalingStudy, status: dict[str, str] 
                 f"{pct(w.value)}, more than the {pct(HELD_OUT_GOAL)} held-out goal.")  # fmt: skip
     if w.code == W_NOT_CONVERGED:
         return f"The {w.param} fit stopped at its iteration limit before converging."
-    if w.code == W_FRONTIER_OUTSIDE:
-        return (f"{w.arm}: the compute-optimal size at its largest compute is N ≈ {w.value:,.0f}, outside the "
-                "rungs' sizes: the frontier there is extrapolated in N.")  # fmt: skip
+    if w.code == W_ALLOCATION_EDGE:
+        return (f"{w.arm}: at its largest compute the fit's compute-optimal size, N ≈ {w.previous:,.3g}, needs "
+                f"tokens per parameter outside those its runs trained ({w.param}); its curve follows the band's "
+                f"edge, {w.value:.3g} tokens per parameter, instead.")  # fmt: skip
     if w.code == W_BASELINE_NOT_ARM:
         return (f"--baseline {w.value} is not one of the scaling study's arm keys; the baseline is the arm of "
                 "the first run launched.")  # fmt: skip
@@ -416,7 +417,9 @@ def scaling_blocks(study: ScalingStudy, status: dict[str, str] | None = None) ->
         out.append(Para("Every form fitted to all arms at once (k: the arm; C compute, N parameters, D tokens). "
                         "Held-out: every arm's largest rung left out and predicted (worst relative error over arms, "
                         "and how far in compute it extrapolated); leave-one-budget-out: each budget in turn, with "
-                        "three budgets or more. † beyond the validated range."))  # fmt: skip
+                        "three budgets or more. † beyond the validated range. An L(N, D) form's multiplier compares "
+                        "each arm's best allocation of compute within the tokens per parameter its runs trained (the "
+                        "compute-optimal frontier where that lies inside them)."))  # fmt: skip
         out.append(_forms_table(study))
     if study.multipliers:
         times = " and ".join(f"{k:g}×" for k in EXTRAPOLATE)
