@@ -269,7 +269,7 @@ def test_allocation_curve_is_the_best_trained_allocation_and_its_multiplier_inve
     assert np.isinf(SF.allocation_log_multiplier(curve, b_curve, np.array(math.log(1e30))))
 
 
-def test_a_size_exponent_near_zero_makes_the_curve_follow_the_trained_band():
+def test_a_size_exponent_near_zero_makes_the_curve_follow_the_trained_band(tmp_path):
     """The second arm's loss hardly depends on N (a = 0.02 over a 4x span of sizes): its unconstrained frontier
     trains a model of a few parameters for ever, far from every rung. The study warns, its curve follows the
     band's edge (40 tokens per parameter: budget 2 × 20), and the multiplier at the largest compute is the one of
@@ -277,7 +277,7 @@ def test_a_size_exponent_near_zero_makes_the_curve_follow_the_trained_band():
     frontier's multiplier of the same fit is not."""
     a1 = ND["A"] * n_params(2) ** (0.02 - ND["a"])  # the same N term as the first arm at rung 2
     second = lambda n, d: ND["E"] + a1 * n**-0.02 + ND["B"] * d ** -ND["b"]
-    st = study_of(write_nd_ladder(Path(tempfile_dir()), second=second), n_boot=200)
+    st = study_of(write_nd_ladder(tmp_path, second=second), n_boot=200)
     assert st.chosen == "nd_shared_e"
     ff = st.forms["nd_shared_e"]
     # (the first arm's true optimum at its largest compute lies at about 40 tokens per parameter, the band's edge:
@@ -298,12 +298,6 @@ def test_a_size_exponent_near_zero_makes_the_curve_follow_the_trained_band():
     assert not m.low <= frontier_cm <= m.high, (frontier_cm, m.low, m.high)
     text = render_markdown(scaling_blocks(st))
     assert "its curve follows the band's edge, 40 tokens per parameter" in text
-
-
-def tempfile_dir() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="nd_edge_")
 
 
 def test_nd_fit_recovers_the_frontier_multiplier(nd):

@@ -468,7 +468,7 @@ def allocation(curve: np.ndarray, log_c: np.ndarray) -> tuple[np.ndarray, np.nda
     band's ends, log N = (log C − c0 − log r)/(1 + s). Where the unconstrained optimum lies inside the band this
     is the compute-optimal frontier; outside it, the frontier would rest on allocations no run trained (a size
     exponent at its bound puts it at a few parameters), and the curve follows the band's edge instead."""
-    E, la, a, lb, b, c0, s, r_lo, r_hi = (curve[..., i] for i in range(9))
+    c0, s, r_lo, r_hi = (curve[..., i] for i in range(5, 9))
     _, n_opt = frontier(curve[..., :5], c0, s)
     with np.errstate(invalid="ignore"):
         log_n = np.clip(n_opt[..., 0] + n_opt[..., 1] * log_c, (log_c - c0 - r_hi) / (1 + s),
