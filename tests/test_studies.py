@@ -40,8 +40,8 @@ NO_CLAIMS = {"lr_transfer_base"}  # a tuning step: lr_transfer takes its best ce
 LOSS_METRICS = {"final_val_loss", "best_val_loss", "capped_val_loss", "val_loss_at_context", "extrapolation_gap"}
 LR_KEYS = ("optim.lr", "lr_mult")
 # the issues ask >= 3 seeds per point, except the maps over a grid: lr_transfer (widths x LRs x sp/mup),
-# prepost_map (depth x LR x pre/post) and the ladders (rungs x LRs x 4 budgets: 2 seeds give each arm's fit 40
-# points at its best LRs, within 30 minutes on one core), >= 2
+# prepost_map (depth x LR x pre/post) and the ladders (rungs x LRs x 4 budgets: the μP ladders tune at rung 0 on 2
+# seeds and train every rung at the transferred LR on 3; ladder_optimizer's per-rung grid on 2), >= 2
 LADDERS = {"ladder_activation", "ladder_arch", "ladder_optimizer"}
 MIN_SEEDS = {"lr_transfer": 2, "lr_transfer_base": 2, "prepost_map": 2, **dict.fromkeys(LADDERS, 2)}
 
@@ -224,22 +224,35 @@ def test_regime_studies_keep_their_regime(study):
         assert all("optim.lr" in (c.get("context") or {}) for c in spec["claims"]), study
 
 
-def test_a_mup_ladder_transfers_each_arms_best_rung_0_lr():
-    """ladder_activation (ladder.lr=mup): the LR each arm trains at every wider rung is the best of its rung-0 grid
-    at the largest budget in the gallery's run (results/ladder_activation/lr_sweep.csv, mean final loss over
-    seeds), so the transfer rests on the study's own data."""
+def mup_ladders() -> list[str]:
+    """The ladder studies whose LR rule is μP (ladder.lr=mup: their own, else their ladder's)."""
+    out = []
+    for study in sorted(LADDERS):
+        spec = experiment(study)
+        (ladder,) = [d["override /ladder"] for d in spec["defaults"] if isinstance(d, dict) and "override /ladder" in d]
+        conf = yaml.safe_load((ROOT / "conf" / "ladder" / f"{ladder}.yaml").read_text())["ladder"]
+        out += [study] if (spec["ladder"].get("lr") or conf["lr"]) == "mup" else []
+    return out
+
+
+@pytest.mark.parametrize("study", mup_ladders())
+def test_a_mup_ladder_transfers_each_arms_best_rung_0_lr(study):
+    """A μP ladder (ladder_activation, ladder_arch): the LR each arm trains at every wider rung is the best of its
+    rung-0 grid at the largest budget in the gallery's run (results/<study>/lr_sweep.csv, mean final loss over
+    seeds), inside the grid, so the transfer rests on the study's own data."""
     import pandas as pd
 
-    table = pd.read_csv(ROOT / "results" / "ladder_activation" / "lr_sweep.csv")
+    grids = mup_rung_grids(study)
+    table = pd.read_csv(ROOT / "results" / study / "lr_sweep.csv")
     best = {}
     for _, row in table.iterrows():
         values = dict(part.split("=", 1) for part in str(row["context"]).split(", "))
         if values["ladder.rung"] == "0" and values["ladder.budget"] == "null":
-            best[values["activation.name"]] = float(row["best_lr"])
+            (arm,) = [v for v in values.values() if v in grids]  # the arm's name (activation.name=, arch=)
+            best[arm] = float(row["best_lr"])
             assert not row["best_at_edge"] and int(row["n_lrs"]) >= 3, row["context"]
-    transferred = {arm: {lr for rung, lrs in grid.items() if rung for lr in lrs}
-                   for arm, grid in mup_rung_grids("ladder_activation").items()}  # fmt: skip
-    assert best and {arm: {lr} for arm, lr in best.items()} == transferred
+    transferred = {arm: {lr for rung, lrs in grid.items() if rung for lr in lrs} for arm, grid in grids.items()}
+    assert set(best) == set(grids) and {arm: {lr} for arm, lr in best.items()} == transferred
 
 
 def test_lr_transfer_takes_the_base_sweeps_best_cell():
