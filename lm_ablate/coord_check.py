@@ -4,16 +4,16 @@ the test of a muP implementation that microsoft/mup ships as ``mup.coord_check``
     python -m lm_ablate.coord_check                  # model=small, widths 64..512, 4 x 64 tokens a step, sp and mup
     python -m lm_ablate.coord_check --widths 64,128,256,512,1024 --steps 5 model=tiny model.n_layers=2
 
-For each parametrization and width (``model.d_model``; n_heads fixed, so head_dim grows with it) it builds the
-model from the same seed, trains ``--steps`` AdamW steps at the constant ``optim.lr`` (LR groups and
-multipliers exactly as the loop gets them from lm_ablate/parametrization.py) and records the RMS of every
-layer's output (embedding, each block's attention and FFN outputs and its residual stream, the logits) in the
-forward pass of step t: t = 0 is the model at init, t = k the model after k updates. Under a correct muP the
-curves of RMS against width are flat at every t (but the logits at init, which shrink like m^-1/2 by design);
-under sp (one init std, one LR) they grow with width, at init already and far more once updated: the update
-of a width-w matrix sums w coordinates. One PNG per parametrization (a panel per step, RMS against width,
-log-log, a line per layer) and ``coord_check.csv`` go to ``--out``; printed: per parametrization, the largest
-ratio max/min of a layer's RMS across the widths at the last step, then the folder.
+For each parametrization and width (``model.d_model``; n_heads fixed, so head_dim grows with it) it builds the model
+from the same seed, trains ``--steps`` steps of ``optim`` (AdamW; ``optim=muon`` checks Muon's rule) at the constant
+``optim.lr`` (LR groups and multipliers exactly as the loop gets them from lm_ablate/parametrization.py) and records
+the RMS of every layer's output (embedding, each block's attention and FFN outputs and its residual stream, the
+logits) in the forward pass of step t: t = 0 is the model at init, t = k the model after k updates. Under a correct
+muP the curves of RMS against width are flat at every t (but the logits at init, which shrink like m^-1/2 by
+design); under sp (one init std, one LR) they grow with width, at init already and far more once updated: the update
+of a width-w matrix sums w coordinates. One PNG per parametrization (a panel per step, RMS against width, log-log, a
+line per layer) and ``coord_check.csv`` go to ``--out``; printed: per parametrization, the largest ratio max/min of
+a layer's RMS across the widths at the last step, then the folder.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def coord_data(
 
 
 def train_and_measure(cfg: DictConfig, tokens: np.ndarray, vocab_size: int, steps: int) -> list[Coord]:
-    """One arm: build, then ``steps`` AdamW steps at the constant optim.lr (the check is about the size of an
+    """One arm: build, then ``steps`` optimizer steps at the constant optim.lr (the check is about the size of an
     update, not a schedule), measuring the layers in the forward pass of steps 0..``steps``."""
     torch.manual_seed(cfg.seed)
     model = TransformerLM(cfg, vocab_size)
@@ -223,7 +223,7 @@ def figure(rows: Sequence[Coord], parametrization: str) -> Any:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lm_ablate.coord_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--widths", default=",".join(map(str, DEFAULT_WIDTHS)), help="d_model values, comma-separated")
-    parser.add_argument("--steps", type=int, default=4, help="AdamW steps (records steps 0..k)")
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps (records steps 0..k)")
     parser.add_argument("--parametrizations", default="sp,mup")
     parser.add_argument("--base", type=int, help="model.mup_base_width (default: the smallest width)")
     parser.add_argument("--out", type=Path, default=Path("outputs/coord_check"))

@@ -55,16 +55,35 @@ keeping lr * wd, the decay per step, that of the base (as microsoft/mup's MuAdam
 decoupled_wd=False; Wang & Aitchison 2024, "How to set AdamW's weight decay as you scale model and dataset
 size", argue for a fixed timescale 1 / (lr wd)).
 
+Muon (``optim=muon``): its matrices (:func:`lm_ablate.optim.is_hidden_matrix`) are exactly the hidden class
+above, and every other parameter is AdamW's and keeps the rules above. Muon moves a fan_out x fan_in matrix by
+lr s(shape) O, O the Newton-Schulz orthogonalization of the momentum, whose singular values are all about 1 at
+any width, so the update's spectral norm is lr s(shape). The spectral condition for feature learning (Yang,
+Simon & Bernstein 2023, "A spectral condition for feature learning", arXiv:2310.17813, which they show is muP)
+asks ||dW||_2 = Theta(sqrt(fan_out / fan_in)): constant in width when every inner width grows with d_model. So
+the hidden LR multiplier under mup depends on Muon's shape factor (``optim.adjust_lr_fn``):
+
+    adjust_lr_fn       s(shape)                        grows with width as   mup Muon LR (hidden)   mup wd (hidden)
+    original           sqrt(max(1, fan_out / fan_in))  m^0                   x 1                    x 1
+    match_rms_adamw    0.2 sqrt(max(fan_out, fan_in))  m^1/2                 x m^-1/2               x m^1/2
+
+The weight decay takes the inverse factor for the reason given above (torch's Muon decays p (1 - lr wd) with the
+group's lr, before the shape factor). The init is the Adam column's: a hidden std ~ fan_in^-1/2 gives
+||W||_2 = Theta(sqrt(fan_out / fan_in)), the condition's other half. Shah et al. 2025 ("Practical efficiency of
+Muon for pretraining", arXiv:2505.02222) report that muP's LR transfer holds with Muon. Checked here as the
+coordinate check (``python -m lm_ablate.coord_check optim=muon``) and, in tests/test_mup.py, the spectral norm
+of one step's update divided by sqrt(fan_out / fan_in) measured equal across widths.
+
 Width: every inner width must grow in proportion to d_model across the widths compared: n_heads fixed and
 head_dim null (head_dim ~ d_model, what ``lr_transfer`` and ``coord_check`` do), or head_dim fixed and n_heads
 ~ d_model; activation.d_ff null (4d or 8d/3). With head_dim fixed the 1/head_dim vs 1/sqrt(head_dim) choice is
-a constant factor and does not matter for transfer. Defined for AdamW only (Table 3 has an SGD column, not
-implemented; Muon is another theory); a fixed-width ``model.embed_dim`` (a projection that is input- or
+a constant factor and does not matter for transfer. Defined for AdamW and Muon (Table 3 has an SGD column, not
+implemented); a fixed-width ``model.embed_dim`` (a projection that is input- or
 output-like depending on how it scales) and an explicit ``attention.scale`` are refused under mup.
 
 The loop: ``groups = optimizer_groups(cfg, model, regularizer.param_groups(model))`` splits groups so each
 holds one LR multiplier, ``"lr_scale"``; every step ``set_lr(optimizer, scheduled_lr)`` sets each group's lr to
-scheduled_lr * lr_scale. ``lr_multipliers(cfg.model)`` gives the multiplier per class (ladders: tune
+scheduled_lr * lr_scale. ``lr_multipliers(cfg)`` gives the multiplier per class (ladders: tune
 ``optim.lr`` once at the base width, transfer it to every rung).
 
 Adding a parametrization touches only this file: subclass ``Parametrization``, override what it changes,
@@ -119,8 +138,9 @@ class Parametrization:
 
     optimizers: tuple[str, ...] | None = None  # optim.name values it is defined for; None = every one
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, optim: Any = None):
         self.cfg = cfg
+        self.optim = optim  # the optimizer's config: the LR rules may depend on it (None: init and forward only)
 
     @classmethod
     def check(cls, cfg: Any) -> None:
@@ -157,9 +177,9 @@ class Parametrization:
 
 @PARAMETRIZATIONS.register("mup", reads=("mup_base_width", "mup_output_mult", "mup_attn_mult"))
 class MuP(Parametrization):
-    """muP for Adam, relative to ``model.mup_base_width`` (module docstring: the table and its sources)."""
+    """muP for Adam and Muon, relative to ``model.mup_base_width`` (module docstring: the tables and sources)."""
 
-    optimizers = ("adamw",)
+    optimizers = ("adamw", "muon")
 
     @classmethod
     def check(cls, cfg: Any) -> None:
@@ -186,11 +206,21 @@ class MuP(Parametrization):
     def init_gain(self, cls: str) -> float:
         return self.width_mult**-0.5 if cls == HIDDEN else 1.0
 
+    @property
+    def hidden_lr_exponent(self) -> float:
+        """k in the hidden class's LR multiplier m^k: -1 for Adam (Table 3), Muon by its shape factor (module
+        docstring: 0 with ``adjust_lr_fn=original`` or None, torch's default, -1/2 with ``match_rms_adamw``)."""
+        if self.optim is None:
+            raise ValueError("mup's hidden LR rule depends on the optimizer: build it with the optim config")
+        if self.optim.name == "muon":
+            return -0.5 if getattr(self.optim, "adjust_lr_fn", None) == "match_rms_adamw" else 0.0
+        return -1.0
+
     def lr_scale(self, cls: str) -> float:
-        return 1.0 / self.width_mult if cls == HIDDEN else 1.0
+        return self.width_mult**self.hidden_lr_exponent if cls == HIDDEN else 1.0
 
     def weight_decay_scale(self, cls: str) -> float:
-        return self.width_mult if cls == HIDDEN else 1.0  # lr * wd stays the base's (module docstring)
+        return 1.0 / self.lr_scale(cls)  # lr * wd stays the base's (module docstring)
 
     @property
     def output_multiplier(self) -> float:
@@ -204,15 +234,17 @@ class MuP(Parametrization):
         return math.sqrt(self.cfg.mup_base_width)
 
 
-def parametrization(cfg: ModelConfig) -> Parametrization:
-    """The parametrization ``cfg.parametrization`` of model config ``cfg``."""
+def parametrization(cfg: ModelConfig, optim: Any = None) -> Parametrization:
+    """The parametrization ``cfg.parametrization`` of model config ``cfg``; ``optim`` (the optimizer's config)
+    is needed for its LR and weight-decay rules only."""
     PARAMETRIZATIONS.check("model.parametrization", cfg.parametrization)
-    return PARAMETRIZATIONS.get(cfg.parametrization)(cfg)
+    return PARAMETRIZATIONS.get(cfg.parametrization)(cfg, optim)
 
 
-def lr_multipliers(cfg: ModelConfig) -> dict[str, float]:
-    """Class -> multiplier of the scheduled LR at this config's width (ladders: one tuned optim.lr, every rung)."""
-    p = parametrization(cfg)
+def lr_multipliers(cfg: Any) -> dict[str, float]:
+    """Class -> multiplier of the scheduled LR at the width of config ``cfg`` (model and optim) (ladders: one
+    tuned optim.lr, every rung)."""
+    p = parametrization(cfg.model, cfg.optim)
     return {cls: p.lr_scale(cls) for cls in CLASSES}
 
 
@@ -231,7 +263,7 @@ def optimizer_groups(cfg: Any, model: nn.Module, groups: list[dict]) -> list[dic
     """The regularizer's optimizer groups split by LR multiplier: each new group keeps its source's settings
     and gets ``lr_scale`` and its weight decay times the class's factor. sp returns ``groups`` unchanged
     (the optimizer state of an existing checkpoint keeps its layout)."""
-    p = parametrization(cfg.model)
+    p = parametrization(cfg.model, cfg.optim)
     if type(p) is Parametrization:
         return groups
     classes = parameter_classes(model)

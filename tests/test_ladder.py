@@ -164,10 +164,12 @@ def test_a_ladder_sweep_is_refused_before_any_job_starts(tmp_path):
     for extra, words in cases:
         (line,) = sweep_check("ladder_activation", extra)
         assert words in line and "\n" not in line, line
-    # lr_mult gives each optimizer one LR: refused; two multipliers are each optimizer's own grid
-    (line,) = sweep_check("ladder_optimizer", ["lr_mult=x1"])
+    # the optimizer study as a grid ladder: lr_mult gives each optimizer one LR: refused; two multipliers are each
+    # optimizer's own grid (train.max_steps as a ladder yaml sets it)
+    grid = ["ladder=cpu", "ladder.lr=grid", "ladder.rung=0,1,2", "train.max_steps=1000000000", "optim=adamw,muon"]
+    (line,) = sweep_check("optimizer", [*grid, "lr_mult=x1"])
     assert "the adamw arms train one optim.lr (0.003), the muon arms train one optim.lr (0.02): sweep" in line
-    assert sweep_check("ladder_optimizer", ["ladder.rung=0,1,2,3"]) == []
+    assert sweep_check("optimizer", [*grid, "lr_mult=x1,x2"]) == []
 
 
 @pytest.mark.slow

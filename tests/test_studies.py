@@ -43,6 +43,9 @@ LR_KEYS = ("optim.lr", "lr_mult")
 # prepost_map (depth x LR x pre/post) and the ladders (rungs x LRs x 4 budgets: the μP ladders tune at rung 0 on 2
 # seeds and train every rung at the transferred LR on 3; ladder_optimizer's per-rung grid on 2), >= 2
 LADDERS = {"ladder_activation", "ladder_arch", "ladder_optimizer"}
+# μP ladders whose arms are tuned at every rung, not transferred from rung 0 (Muon's best LR falls with the token
+# horizon: sweeps/ladder_optimizer.yaml)
+PER_RUNG_GRIDS = {"ladder_optimizer"}
 MIN_SEEDS = {"lr_transfer": 2, "lr_transfer_base": 2, "prepost_map": 2, **dict.fromkeys(LADDERS, 2)}
 
 
@@ -191,8 +194,9 @@ def test_attention_keeps_three_seeds_at_the_lr_its_logit_claim_is_pinned_at():
 def test_ladders_fit_each_arm_and_rung_at_its_best_lr_over_several_budgets(study):
     """Issue 26: a ladder's claims are decided on each (arm, rung, budget) at its best LR (ladder.lr=grid over
     at least two LRs x2 apart) or at an LR tuned per arm at rung 0 and transferred by μP (ladder.lr=mup: a grid
-    of 3+ LRs spanning 4x+ at rung 0, one LR at each wider rung, inside that grid), with warm-up, and one WSD run per
-    rung gives three or more token budgets."""
+    of 3+ LRs spanning 4x+ at rung 0, one LR at each wider rung, inside that grid; or, where the best LR moves with
+    the rung as Muon's does, a grid of 3+ LRs spanning 4x+ at every rung, every LR on the same seeds), with
+    warm-up, and one WSD run per rung gives three or more token budgets."""
     spec = experiment(study)
     (ladder,) = [d["override /ladder"] for d in spec["defaults"] if isinstance(d, dict) and "override /ladder" in d]
     rule = spec["ladder"].get("lr") or yaml.safe_load((ROOT / "conf" / "ladder" / f"{ladder}.yaml").read_text())[
@@ -206,6 +210,11 @@ def test_ladders_fit_each_arm_and_rung_at_its_best_lr_over_several_budgets(study
         for arm, grid in mup_rung_grids(study).items():
             base = sorted(grid[0])
             assert len(base) >= 3 and base[-1] / base[0] >= 4 and set(grid[0][base[0]]) == {"0", "1"}, (arm, base)
+            if study in PER_RUNG_GRIDS:
+                for rung, lrs in grid.items():
+                    assert len(lrs) >= 3 and max(lrs) / min(lrs) >= 4, (arm, rung, sorted(lrs))
+                    assert len({tuple(sorted(seeds)) for seeds in lrs.values()}) == 1, (arm, rung, lrs)
+                continue
             assert all(len(lrs) == 1 for rung, lrs in grid.items() if rung), (arm, grid)
             (transferred,) = {lr for rung, lrs in grid.items() if rung for lr in lrs}
             assert base[0] < transferred < base[-1], (arm, transferred, base)  # inside the rung-0 grid
@@ -235,7 +244,7 @@ def mup_ladders() -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("study", mup_ladders())
+@pytest.mark.parametrize("study", sorted(set(mup_ladders()) - PER_RUNG_GRIDS))
 def test_a_mup_ladder_transfers_each_arms_best_rung_0_lr(study):
     """A μP ladder (ladder_activation, ladder_arch): the LR each arm trains at every wider rung is the best of its
     rung-0 grid at the largest budget in the gallery's run (results/<study>/lr_sweep.csv, mean final loss over
@@ -253,6 +262,27 @@ def test_a_mup_ladder_transfers_each_arms_best_rung_0_lr(study):
             assert not row["best_at_edge"] and int(row["n_lrs"]) >= 3, row["context"]
     transferred = {arm: {lr for rung, lrs in grid.items() if rung for lr in lrs} for arm, grid in grids.items()}
     assert set(best) == set(grids) and {arm: {lr} for arm, lr in best.items()} == transferred
+
+
+@pytest.mark.parametrize("study", sorted(PER_RUNG_GRIDS))
+def test_a_per_rung_grid_ladder_brackets_each_arms_best_lr_at_every_rung(study):
+    """Each (arm, rung, budget) cell of the gallery's run (results/<study>/lr_sweep.csv): the best LR (mean final
+    loss over the seeds) lies inside the rung's grid, so no cell a fit reads is taken at a grid's edge (a budget is
+    a decay branch of the rung's run: its LR is the run's, and the grid must bracket every budget's best)."""
+    import pandas as pd
+
+    grids = mup_rung_grids(study)
+    table = pd.read_csv(ROOT / "results" / study / "lr_sweep.csv")
+    seen = set()
+    for _, row in table.iterrows():
+        values = dict(part.split("=", 1) for part in str(row["context"]).split(", "))
+        (arm,) = [v for v in values.values() if v in grids]
+        rung, budget = int(values["ladder.rung"]), values["ladder.budget"]
+        assert sorted(map(float, str(row["lr_grid"]).split())) == sorted(grids[arm][rung]), (arm, rung, budget)
+        assert not row["best_at_edge"], (arm, rung, budget, row["best_lr"], row["lr_grid"])
+        seen.add((arm, rung, budget))
+    budgets = ["null", *map(str, experiment(study)["ladder"]["budgets"][:-1])]  # the largest budget is the run's
+    assert seen == {(arm, rung, b) for arm, grid in grids.items() for rung in grid for b in budgets}
 
 
 def test_lr_transfer_takes_the_base_sweeps_best_cell():
