@@ -72,7 +72,9 @@ group's lr, before the shape factor). The init is the Adam column's: a hidden st
 ||W||_2 = Theta(sqrt(fan_out / fan_in)), the condition's other half. Shah et al. 2025 ("Practical efficiency of
 Muon for pretraining", arXiv:2505.02222) report that muP's LR transfer holds with Muon. Checked here as the
 coordinate check (``python -m lm_ablate.coord_check optim=muon``) and, in tests/test_mup.py, the spectral norm
-of one step's update divided by sqrt(fan_out / fan_in) measured equal across widths.
+of one step's update divided by sqrt(fan_out / fan_in) measured equal across widths. The rule covers the width at
+a fixed number of tokens: along a ladder that also trains wider rungs longer, Muon's best LR falls further (4x
+from d36 to d84 at 20 tokens per parameter, half of it the horizon alone) while AdamW's stays put (docs/ladders.md).
 
 Width: every inner width must grow in proportion to d_model across the widths compared: n_heads fixed and
 head_dim null (head_dim ~ d_model, what ``lr_transfer`` and ``coord_check`` do), or head_dim fixed and n_heads
