@@ -347,7 +347,7 @@ def test_compute_multiplier_reads_the_scaling_study():
         multipliers=[NS(arm="norm.placement=post", at="largest", cm=1.4, low=1.1, high=1.8, beyond_validated=False),
                      NS(arm="norm.placement=post", at="10x", cm=0.9, low=0.7, high=1.2, beyond_validated=True)],
         held_out_error={"norm.placement=pre": 0.01, "norm.placement=post": math.nan}.get,  # post: no check
-        warnings=[],
+        warnings=[], every_budget=None,
     )  # fmt: skip
     c = claim(metric="compute_multiplier", expect="higher")
     (res,) = evaluate_claims(rs, [c], scaling=study).results
@@ -378,6 +378,30 @@ def test_compute_multiplier_reads_the_scaling_study():
     study.warnings.append(ScalingWarning(W_ALLOCATION_EDGE, "norm.placement=pre", value=20.0, previous=0.4))
     (res,) = evaluate_claims(rs, [c], scaling=study).results
     assert (res.verdict, res.effect.estimate, res.effect.notes) == (HELD, 1.4, ("allocation_edge",))
+    # a fit window (ladder.fit_budgets): the same form on every budget decides the claim otherwise -> a note beside
+    # the verdict, which the window's fit still makes; the same reading (or another `at`'s multiplier) -> none
+    study.warnings = []
+    every = lambda cm, low, high, err, at="largest": NS(
+        multipliers=[NS(arm="norm.placement=post", at=at, cm=cm, low=low, high=high)],
+        held_out_error={"norm.placement=pre": err, "norm.placement=post": err}.get,
+    )  # fmt: skip
+    for other, note in (
+        (every(1.2, 0.9, 1.6, 0.01), True),  # its interval includes 1: undecided
+        (every(1.4, 1.1, 1.8, 0.03), True),  # off the held-out goal: undecided
+        (every(0.7, 0.5, 0.9, 0.01), True),  # the other direction
+        (every(1.9, 1.3, 2.4, 0.01), False),  # another number, the same reading
+        (every(1.2, 0.9, 1.6, 0.01, at="10x"), False),  # no multiplier at the claim's `at`
+    ):
+        study.every_budget = other
+        (res,) = evaluate_claims(rs, [c], scaling=study).results
+        assert (res.verdict, res.effect.estimate) == (HELD, 1.4)
+        assert res.effect.notes == (("fit_window_decides",) if note else ()), other
+    study.held_out_error = {"norm.placement=pre": 0.03, "norm.placement=post": 0.01}.get  # undecided by the window
+    study.every_budget = every(1.9, 1.3, 2.4, 0.01)
+    (res,) = evaluate_claims(rs, [c], scaling=study).results
+    assert res.verdict == INCONCLUSIVE and res.effect.notes == ("fit_off_goal", "fit_window_decides")
+    study.every_budget = every(1.9, 0.9, 2.4, 0.01)
+    assert evaluate_claims(rs, [c], scaling=study).results[0].effect.notes == ("fit_off_goal",)
 
 
 def test_an_unbounded_multiplier_interval_is_shown_as_the_scaling_table_shows_it():

@@ -251,3 +251,11 @@ def test_forms_lines_put_every_fit_form_side_by_side(gallery, tmp_path, monkeypa
         "| [ladder_x](ladder_x/report.md) | nd_per_arm | – | – | – | – | not fitted: one budget per rung |",
     ]
     assert gallery.forms_lines(["norm_2x2"]) == []
+    # a fit window (ladder.fit_budgets): the declared fits' rows first, then the chosen form on every budget, named
+    window = [{**r, "fit_budgets": "0.25 0.5 1"} for r in rows]
+    check = [{**r, "fit_budgets": "0.125 0.25 0.5 1", "chosen": False, "score": 0.035} for r in rows[2:4]]
+    pd.DataFrame(window + check).to_csv(tmp_path / "ladder_x" / "scaling_forms.csv", index=False)
+    table = [line for line in gallery.forms_lines(["ladder_x"]) if line.startswith("| [ladder_x]")]
+    assert len(table) == 4 and table[1].startswith("| [ladder_x](ladder_x/report.md) | **shared_e** (chosen) | 4 |")
+    assert table[3] == ("| [ladder_x](ladder_x/report.md) | shared_e on budgets 0.125, 0.25, 0.5, 1 (window check) | "
+                        "4 | 3.5% | swiglu vs gelu: 1.4x [1.2x, 1.7x] | – | E: gelu 1.2, swiglu 1.2 |")  # fmt: skip

@@ -180,7 +180,7 @@ def test_a_ladder_study_runs_and_reports_compute_multipliers(tmp_path, cache_dir
              "{d_model:32,n_layers:1,n_heads:2},{d_model:32,n_layers:2,n_heads:2}]")  # fmt: skip
     out = subprocess.run(
         [sys.executable, "-m", "lm_ablate.study", "ladder_activation", "--out", str(tmp_path / "ladder"), rungs,
-         "ladder.rung=0,1,2,3", "seed=0,1", "ladder.lr=fixed", "optim.lr=1e-2", "ladder.budgets=null",
+         "ladder.rung=0,1,2,3", "seed=0,1", "ladder.lr=fixed", "optim.lr=1e-2", "ladder.budgets=null", "ladder.fit_budgets=null",
          "ladder.tokens_per_param=4", "eval.max_examples=40", "train.batch_size=4",
          "train.eval_batches=2", "tracking=none", "train.progress=false", "train.threads=1",
          f"data.cache_dir={cache_dir}"],

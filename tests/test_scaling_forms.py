@@ -544,6 +544,47 @@ def test_fit_budgets_fit_only_those_cells_and_equal_a_ladder_of_them_alone(tmp_p
     assert "(ladder.fit_budgets)" in render_markdown(scaling_blocks(recorded))
 
 
+def test_a_fit_window_is_checked_on_every_budget_and_a_claim_it_decides_says_so(tmp_path):
+    """ladder.fit_budgets leaving budgets out: the chosen form is also fitted on every budget (study.every_budget),
+    equal to the same form on the same runs declared without a window; the forms table and scaling_forms.csv show
+    it (no claim reads it), and a compute-multiplier claim whose reading it would change carries a note."""
+    from analysis.compute.claims import NOTE_FIT_WINDOW, evaluate_claims
+    from lm_ablate.claim_spec import parse_claims
+
+    window = study_of(plateau_ladder(tmp_path / "window", fit_budgets=[1]), n_boot=20)
+    plain = study_of(plateau_ladder(tmp_path / "plain"), n_boot=20, fit=window.chosen)  # the same seeds: same data
+    assert window.chosen == "shared_e" and plain.every_budget is None  # no window: nothing to check
+    every = window.every_budget
+    assert every is not None and every.chosen == window.chosen and every.fit_budgets == [0.25, 0.5, 1.0]
+    assert every.forms[every.chosen].n_cells == 30 and window.forms[window.chosen].n_cells == 10
+    assert every.forms["shared_e"].raw == pytest.approx(plain.forms["shared_e"].raw, rel=1e-9)
+    for k in range(2):
+        assert every.forms["shared_e"].held_out_error(k) == pytest.approx(plain.forms["shared_e"].held_out_error(k))
+    pairs = [(m, next(x for x in plain.multipliers if x.at == m.at)) for m in every.multipliers]
+    assert pairs and all((m.cm, m.low, m.high) == pytest.approx((x.cm, x.low, x.high), rel=1e-9) for m, x in pairs)
+    # the plateau cells bend the every-budget fit off its held-out rung; the window's fit holds it
+    worst = lambda st: max(st.forms[st.chosen].held_out_error(k) for k in range(2))
+    assert worst(window) < S.HELD_OUT_GOAL < worst(every)
+    forms = window.forms_table
+    check = forms[forms["fit_budgets"] == "0.25 0.5 1"]
+    assert list(check["form"]) == ["shared_e"] * 2 and not check["chosen"].any()
+    assert set(forms.loc[forms["chosen"], "fit_budgets"]) == {"1"} and len(forms) == 2 * len(window.forms) + 2
+    text = render_markdown(scaling_blocks(window))
+    assert "shared_e on every budget (0.25, 0.5, 1; a check, no claim)" in text and "refitted on every budget" in text
+    raw = {"id": "rms", "source": "s", "statement": "s", "axis": "norm", "arm": "rmsnorm", "baseline": "layernorm",
+           "metric": "compute_multiplier", "expect": "higher"}  # fmt: skip
+    (res,) = evaluate_claims(load_runs(tmp_path / "window"), parse_claims([raw]), scaling=window).results
+    assert res.verdict == "held" and NOTE_FIT_WINDOW in res.effect.notes  # every budget: off the goal, undecided
+    # where both fits read the same (no plateau: every budget on the law), no note
+    law_root = write_nd_ladder(tmp_path / "law", fit_budgets=[0.5, 1.0, 2.0])
+    both = study_of(law_root, n_boot=20)
+    assert (
+        both.every_budget is not None and worst(both) < S.HELD_OUT_GOAL and worst(both.every_budget) < S.HELD_OUT_GOAL
+    )
+    (res,) = evaluate_claims(load_runs(law_root), parse_claims([raw]), scaling=both).results
+    assert res.verdict == "held" and NOTE_FIT_WINDOW not in res.effect.notes
+
+
 def test_fit_budgets_and_fit_from_the_report_command_line(tmp_path, capsys):
     """python -m analysis.report --fit-budgets / --fit: refit without training; bad values are one line, exit 2,
     before anything is written; no run record changes."""

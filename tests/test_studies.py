@@ -188,6 +188,25 @@ def test_attention_keeps_three_seeds_at_the_lr_its_logit_claim_is_pinned_at():
 
 
 @pytest.mark.parametrize("study", sorted(LADDERS))
+def test_a_ladders_committed_fits_read_its_declared_fit_window_and_show_every_budget_beside_it(study):
+    """The fit window (docs/ladders.md): a ladder study's experiment declares which budgets its fits read (a subset
+    of its budgets, without the smallest: its cells are still in the early transient), and the committed
+    results/<study>/scaling_forms.csv fitted exactly those, with the chosen form refitted on every budget beside
+    them (the window's check, chosen false). A study rerun or refitted with another window fails here."""
+    import pandas as pd
+
+    spec = experiment(study)["ladder"]
+    window, budgets = [float(b) for b in spec["fit_budgets"]], [float(b) for b in spec["budgets"]]
+    assert set(window) < set(budgets) and min(budgets) not in window, (window, budgets)
+    forms = pd.read_csv(ROOT / "results" / study / "scaling_forms.csv", dtype={"fit_budgets": str})
+    fitted = lambda rows: {tuple(float(b) for b in str(v).split()) for v in rows["fit_budgets"]}
+    chosen = forms[forms["chosen"]]
+    assert len(chosen) >= 2 and fitted(chosen) == {tuple(window)}, fitted(chosen)
+    check = forms[forms["fit_budgets"].map(lambda v: tuple(float(b) for b in str(v).split())) == tuple(budgets)]
+    assert set(check["form"]) == set(chosen["form"]) and not check["chosen"].any() and len(check) == len(chosen)
+
+
+@pytest.mark.parametrize("study", sorted(LADDERS))
 def test_ladders_fit_each_arm_and_rung_at_its_best_lr_over_several_budgets(study):
     """Issue 26: a ladder's claims are decided on each (arm, rung, budget) at its best LR (ladder.lr=grid over
     at least two LRs x2 apart) or at an LR tuned per arm at rung 0 and transferred by μP (ladder.lr=mup: a grid

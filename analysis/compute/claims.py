@@ -100,6 +100,7 @@ NOTE_GRIDS_DIFFER = "lr_grids_differ"  # lr_sensitivity: arm and baseline ran di
 NOTE_SEEDS_LEFT_OUT = "seeds_without_full_grid"  # lr_sensitivity: a seed that missed an LR of its arm's grid
 NOTE_BEYOND_VALIDATED = "beyond_validated_range"  # compute_multiplier: extrapolated further than the held-out check
 NOTE_CELL_BEST_LR = "each_cell_at_its_best_lr"  # compute_multiplier: each (arm, rung, budget) fitted at its best LR
+NOTE_FIT_WINDOW = "fit_window_decides"  # compute_multiplier: fitted on every budget, the same form reads otherwise
 SPEED_SPREAD_LIMIT = 1.5  # max / min tokens/s of one arm's runs above which speed ratios are not to be trusted
 VALUE = "value"  # the per-run value column handed to compare_to_baseline
 ENDED = (M.STATUS_COMPLETED, M.STATUS_DIVERGED)
@@ -547,14 +548,28 @@ def compute_multiplier(sel: Selection) -> Effect | str:
     from analysis.compute.scaling import HELD_OUT_GOAL, W_ALLOCATION_EDGE  # loaded only where a claim needs it
 
     off_goal = any(study.held_out_error(a) > HELD_OUT_GOAL for a in (arm, base))
+    # the fit window's sensitivity check (ladder.fit_budgets left budgets out): the same form on every budget
+    every = study.every_budget
+    em = None if every is None else next((x for x in every.multipliers if x.arm == arm and x.at == at), None)
+    window = em is not None and _reading(m, off_goal) != _reading(
+        em, any(every.held_out_error(a) > HELD_OUT_GOAL for a in (arm, base))
+    )
     # an L(N, D) curve is the best allocation within the tokens per parameter its runs trained; where the
     # unconstrained optimum lies outside that band the curve follows the band's edge (noted, not a downgrade: the
     # comparison then rests on allocations the ladder trained, where the frontier would not)
     edge = any(w.code == W_ALLOCATION_EDGE and w.arm in (arm, base) for w in study.warnings)
     flags = ((NOTE_BEYOND_VALIDATED, m.beyond_validated), (NOTE_CELL_BEST_LR, study.lr_selected),
-             (NOTE_FIT_OFF_GOAL, off_goal), (NOTE_ALLOCATION_EDGE, edge))  # fmt: skip
+             (NOTE_FIT_OFF_GOAL, off_goal), (NOTE_ALLOCATION_EDGE, edge), (NOTE_FIT_WINDOW, window))  # fmt: skip
     notes = tuple(note for note, on in flags if on)
     return Effect(m.cm, m.low, m.high, nan, nan, nan, "bootstrap", 0, rungs[arm], rungs[base], nan, nan, notes)
+
+
+def _reading(m: Any, off_goal: bool) -> str:
+    """What a compute multiplier can decide: "none" (its fit missed the held-out goal, or its interval includes
+    1), "higher" (the arm is better: the interval lies above 1) or "lower"."""
+    if off_goal or not (m.low > 1 or m.high < 1):
+        return "none"
+    return "higher" if m.low > 1 else "lower"
 
 
 METRIC_FUNCTIONS: dict[str, Callable[[Selection], Effect | str]] = {

@@ -352,6 +352,9 @@ class ScalingStudy:
     params_key: str = "non_embedding"  # ladder.params: the N of budgets and of L(N, D)
     rankings: list[RungRanking] = field(default_factory=list)
     tasks: Any = None  # analysis.compute.task_scaling.TaskStudy, when the runs have downstream metrics
+    # the claims' form refitted on every budget the runs trained, when ladder.fit_budgets (or --fit-budgets) leaves
+    # some out: the fit window's sensitivity check, shown beside the declared fit (no claim reads it)
+    every_budget: ScalingStudy | None = None
 
     def arm(self, name: str) -> ArmFit:
         return next(a for a in self.arms if a.arm == name)
@@ -377,13 +380,25 @@ class ScalingStudy:
 
     @property
     def forms_table(self) -> pd.DataFrame:
-        """One row per (form, arm): parameters, held-out errors and compute multipliers (scaling_forms.csv)."""
+        """One row per (form, arm): parameters, held-out errors and compute multipliers (scaling_forms.csv), the
+        budgets each fit read (``fit_budgets``), and the fit window's check (the chosen form on every budget,
+        ``chosen`` False) last."""
         rows = []
-        for name, ff in self.forms.items():
+        every = self.every_budget
+        studies = [(self, list(self.forms))] + ([(every, [every.chosen])] if every and every.chosen else [])
+        for study, names in studies:
+            rows += study._form_rows(names, study is self)
+        return pd.DataFrame(rows)
+
+    def _form_rows(self, names: list[str], declared: bool) -> list[dict[str, Any]]:
+        rows = []
+        fitted = " ".join(f"{b:g}" for b in (self.fit_budgets or self.budgets))
+        for name in names:
+            ff = self.forms[name]
             for k, a in enumerate(self.arms):
-                row: dict[str, Any] = {"form": name, "chosen": name == self.chosen, "arm": a.arm,
-                                       "is_baseline": a.is_baseline, "n_params": ff.n_params, "n_cells": ff.n_cells,
-                                       "skipped": ff.why_not or ""}  # fmt: skip
+                row: dict[str, Any] = {"form": name, "chosen": declared and name == self.chosen, "arm": a.arm,
+                                       "is_baseline": a.is_baseline, "fit_budgets": fitted, "n_params": ff.n_params,
+                                       "n_cells": ff.n_cells, "skipped": ff.why_not or ""}  # fmt: skip
                 if ff.fitted:
                     assert ff.raw is not None and ff.frontier_laws is not None
                     comps = ff.form.components
@@ -402,7 +417,7 @@ class ScalingStudy:
                         row.update({f"cm_{m.at}": m.cm, f"cm_{m.at}_low": m.low, f"cm_{m.at}_high": m.high,
                                     f"cm_{m.at}_beyond_validated": m.beyond_validated})  # fmt: skip
                 rows.append(row)
-        return pd.DataFrame(rows)
+        return rows
 
     @property
     def ranking_table(self) -> pd.DataFrame:
@@ -712,11 +727,14 @@ def scaling_study(
     confidence: float = CONFIDENCE,
     fit: str | None = None,
     fit_budgets: Sequence[float] | None = None,
+    every_budget: bool = True,
 ) -> ScalingStudy | None:
     """Fits, intervals, held-out checks and compute multipliers of every arm, or None when the runs do not
     vary model size. ``baseline`` is the report's ``--baseline KEY=VALUE`` (default: the arm of the first
     run launched). ``fit`` and ``fit_budgets`` (the report's ``--fit`` and ``--fit-budgets``) replace the runs'
-    ``ladder.fit`` and ``ladder.fit_budgets``: a ladder refitted without training again. Raises
+    ``ladder.fit`` and ``ladder.fit_budgets``: a ladder refitted without training again. Where those budgets leave
+    some out, ``every_budget`` also refits the chosen form on every budget (``study.every_budget``: the window's
+    sensitivity check; its own rankings and task fits are not computed). Raises
     :class:`AnalysisError` for a baseline value no run has, or a form or budgets these runs cannot fit."""
     design = _design(rs)
     if design is None:
@@ -782,8 +800,17 @@ def scaling_study(
         laws = [(a.fit.as_array(), a.boot) if a.fit is not None and a.boot is not None else None for a in arms]
         valid = [_validated(a, arms[0]) for a in arms]
         study.multipliers, study.curves = _multipliers(arms, laws, valid, confidence, warnings)
+    if not every_budget:
+        return study
     study.rankings = _rankings(study)
     study.tasks = task_study(study, dict(zip(rs.runs["run_id"], rs.runs["run_dir"])))
+    trained = sorted(set(budget_of.values()))
+    if fitted is not None and len(fitted) < len(trained) and study.chosen is not None:
+        try:  # the same form on every cell the window left out (stalled cells stay out, as in every fit)
+            study.every_budget = scaling_study(rs, baseline, n_boot, seed, delta, confidence, fit=study.chosen,
+                                               fit_budgets=trained, every_budget=False)  # fmt: skip
+        except AnalysisError:  # that form cannot be fitted on every budget: no check to show
+            study.every_budget = None
     return study
 
 

@@ -21,6 +21,7 @@ from analysis.compute.claims import (
     NOTE_BEYOND_VALIDATED,
     NOTE_CELL_BEST_LR,
     NOTE_FIT_OFF_GOAL,
+    NOTE_FIT_WINDOW,
     NOTE_GRIDS_DIFFER,
     NOTE_SEEDS_LEFT_OUT,
     NOTE_SPEED_UNSTEADY,
@@ -100,6 +101,10 @@ NOTE_TEXT = {
     NOTE_SPEED_UNSTEADY: (
         f"tokens/s varies more than {SPEED_SPREAD_LIMIT:g}x between the runs of a side (at every LR of its grid): "
         "not to be trusted"
+    ),
+    NOTE_FIT_WINDOW: (
+        "fitted on every budget instead of ladder.fit_budgets' window, the same form would not decide the same way "
+        "(Scaling: the table of forms, its every-budget row)"
     ),
     NOTE_GRIDS_DIFFER: "the arm and the baseline ran different LR grids",
     NOTE_SEEDS_LEFT_OUT: "seeds that missed an LR of their grid were left out",

@@ -237,26 +237,36 @@ def _forms_table(study: ScalingStudy) -> Table:
     headers = ["form", "L of arm k", "params / points", "E [95%]", "held-out rung error (worst arm)",
                "leave-one-budget-out (worst)", "arm", *[f"CM {at} [95%]" for at in _ats()]]  # fmt: skip
     rows = []
-    for name, ff in study.forms.items():
-        label = name + (" (chosen)" if name == study.chosen else "")
-        if not ff.fitted:
-            why = SKIPPED.get(ff.why_not or "", "not fitted")
-            rows.append([label, FORMULA[name], f"{ff.n_params} / {ff.n_cells}", "–", f"skipped: {why}", "–", "–",
-                         *["–"] * len(_ats())])  # fmt: skip
-            continue
-        e_name = "E" if "E" in ff.intervals else "E[0]"
-        e = with_interval(float(ff.raw[0, 0]), *ff.intervals[e_name]) + ("" if "E" in ff.intervals else " (baseline)")
-        worst = max((ff.held_out_error(k) for k in range(ff.n_arms)), default=float("nan"))
-        lobo = max((ff.lobo_error(k) for k in range(ff.n_arms)), default=float("nan"))
-        reach = f" (reach {ff.held_out_factor:.3g}×)" if number(ff.held_out_factor) else ""
-        mults = study.form_multipliers.get(name, [])
-        for arm in [a.arm for a in study.arms[1:]] or ["–"]:
-            by_at = {m.at: m for m in mults if m.arm == arm}
-            cms = [with_interval(m.cm, m.low, m.high, fmt=cm_text) + (" †" if m.beyond_validated else "")
-                   if (m := by_at.get(at)) else "–" for at in ("largest", *[f"{k:g}x" for k in EXTRAPOLATE])]  # fmt: skip
-            rows.append([label, FORMULA[name], f"{ff.n_params} / {ff.n_cells}", e, pct(worst) + reach, pct(lobo), arm,
-                         *cms])  # fmt: skip
+    for name in study.forms:
+        rows += _form_rows(study, name, name + (" (chosen)" if name == study.chosen else ""))
+    every = study.every_budget
+    if every is not None and every.chosen is not None:  # the fit window's sensitivity check
+        budgets = ", ".join(f"{b:g}" for b in every.budgets)
+        rows += _form_rows(every, every.chosen, f"{every.chosen} on every budget ({budgets}; a check, no claim)")
     return Table(headers, rows, frozenset({2, 3, 4, 5, 7, 8, 9}))
+
+
+def _form_rows(study: ScalingStudy, name: str, label: str) -> list[list[str]]:
+    """The forms table's rows of one form of ``study``: one per arm compared with the baseline."""
+    ff = study.forms[name]
+    if not ff.fitted:
+        why = SKIPPED.get(ff.why_not or "", "not fitted")
+        return [[label, FORMULA[name], f"{ff.n_params} / {ff.n_cells}", "–", f"skipped: {why}", "–", "–",
+                 *["–"] * len(_ats())]]  # fmt: skip
+    e_name = "E" if "E" in ff.intervals else "E[0]"
+    e = with_interval(float(ff.raw[0, 0]), *ff.intervals[e_name]) + ("" if "E" in ff.intervals else " (baseline)")
+    worst = max((ff.held_out_error(k) for k in range(ff.n_arms)), default=float("nan"))
+    lobo = max((ff.lobo_error(k) for k in range(ff.n_arms)), default=float("nan"))
+    reach = f" (reach {ff.held_out_factor:.3g}×)" if number(ff.held_out_factor) else ""
+    mults = study.form_multipliers.get(name, [])
+    rows = []
+    for arm in [a.arm for a in study.arms[1:]] or ["–"]:
+        by_at = {m.at: m for m in mults if m.arm == arm}
+        cms = [with_interval(m.cm, m.low, m.high, fmt=cm_text) + (" †" if m.beyond_validated else "")
+               if (m := by_at.get(at)) else "–" for at in ("largest", *[f"{k:g}x" for k in EXTRAPOLATE])]  # fmt: skip
+        rows.append([label, FORMULA[name], f"{ff.n_params} / {ff.n_cells}", e, pct(worst) + reach, pct(lobo), arm,
+                     *cms])  # fmt: skip
+    return rows
 
 
 def _ats() -> list[str]:
@@ -376,6 +386,10 @@ def _intro(study: ScalingStudy) -> str:
               study.set_at_report else "ladder.fit_budgets")  # fmt: skip
         text += (f" The fits use only the cells of budget {', '.join(f'{b:g}' for b in study.fit_budgets)} ({by}); "
                  "the other budgets' cells are in the rung table and the single-rung ranking, in no fit.")  # fmt: skip
+        if study.every_budget is not None:
+            text += (" As a check of that window, the chosen form is refitted on every budget (the rows 'on every "
+                     "budget' of the table of forms); no claim reads it, but a claim it would decide otherwise says "
+                     "so.")  # fmt: skip
     if "--fit" in study.set_at_report:
         text += " The form the claims use was set at report time (--fit), over the runs' ladder.fit."
     if study.chosen is not None:
