@@ -40,7 +40,8 @@ STUDIES = [
     "ladder_optimizer",
 ]  # fmt: skip
 # studies whose runs were trained before their experiment declared ladder.fit_budgets (the fit window, 2026-12-04):
-# their reports fit that window as the report's --fit-budgets, which the report says; a rerun records it instead
+# their reports fit that window as the report's --fit-budgets, which the report says, and runs appended to their
+# folder record no window as those did (one value for every run of a study); a study trained afresh records it
 FIT_BUDGETS_AT_BUILD = {"ladder_optimizer": (0.25, 0.5, 1.0)}
 KEPT = ("report.md", "claims.csv", "comparisons.csv", "scaling.csv", "scaling_forms.csv", "lr_sweep.csv")
 
@@ -55,6 +56,8 @@ def run(studies: list[str], threads: int | None = None, launcher: str = "basic")
             cmd = [sys.executable, "-m", "lm_ablate.study", study, "--out", str(RUNS / study), "--launcher", launcher,
                    "tracking=none", "train.progress=false"]  # fmt: skip
             cmd += [f"train.threads={threads}"] if threads else []
+            # runs appended to a folder trained before the study declared its fit window record what those did
+            cmd += ["ladder.fit_budgets=null"] if study in FIT_BUDGETS_AT_BUILD else []
             rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         with open(RUNS / "times.txt", "a") as f:
             # joblib: two jobs side by side, each with half the cores unless told (lm_ablate/study.py): "1x2"

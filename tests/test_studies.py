@@ -225,7 +225,7 @@ def test_ladders_fit_each_arm_and_rung_at_its_best_lr_over_several_budgets(study
         assert ladder == "cpu_mup"  # a width-only ladder: μP's condition (conf/ladder/cpu_mup.yaml)
         for arm, grid in mup_rung_grids(study).items():
             base = sorted(grid[0])
-            assert len(base) >= 3 and base[-1] / base[0] >= 4 and set(grid[0][base[0]]) == {"0", "1"}, (arm, base)
+            assert len(base) >= 3 and base[-1] / base[0] >= 4 and {"0", "1"} <= set(grid[0][base[0]]), (arm, base)
             if study in per_rung_grid_ladders():
                 for rung, lrs in grid.items():
                     assert len(lrs) >= 3 and max(lrs) / min(lrs) >= 4, (arm, rung, sorted(lrs))
