@@ -36,7 +36,7 @@ FOLDER_LIMIT = 1_500_000  # bytes of figures per study
 STUDIES = [
     "norm_2x2", "pre_vs_post_norm", "prepost_map", "rmsnorm_vs_layernorm", "norm_placement", "position",
     "activation", "attention", "regularization", "lr_sensitivity", "parallel_vs_serial", "optimizer",
-    "lr_transfer_base", "lr_transfer", "ladder_activation", "ladder_arch",
+    "lr_transfer_base", "lr_transfer", "ladder_activation_base", "ladder_activation", "ladder_arch_base", "ladder_arch",
     "ladder_optimizer",
 ]  # fmt: skip
 # studies whose runs were trained before their experiment declared ladder.fit_budgets (the fit window, 2026-12-04):

@@ -402,6 +402,15 @@ def test_compute_multiplier_reads_the_scaling_study():
     assert res.verdict == INCONCLUSIVE and res.effect.notes == ("fit_off_goal", "fit_window_decides")
     study.every_budget = every(1.9, 0.9, 2.4, 0.01)
     assert evaluate_claims(rs, [c], scaling=study).results[0].effect.notes == ("fit_off_goal",)
+    # the note asks the claim's own rule (verdict()), not "which side of 1": an `equal` claim (margin 0.2, band
+    # [0.83, 1.2]) is undecided by the window's 1.4 [1.1, 1.8]; an every-budget interval above 1 inside the band
+    # leaves it undecided too (no note), one beyond the band contradicts it (note), though both lie above 1
+    study.held_out_error = {"norm.placement=pre": 0.01, "norm.placement=post": 0.01}.get
+    same = claim(metric="compute_multiplier", expect="equal", margin=0.2)
+    for other, note in ((every(1.1, 1.02, 1.19, 0.01), False), (every(1.5, 1.3, 1.8, 0.01), True)):
+        study.every_budget = other
+        (res,) = evaluate_claims(rs, [same], scaling=study).results
+        assert res.verdict == INCONCLUSIVE and res.effect.notes == (("fit_window_decides",) if note else ()), other
 
 
 def test_an_unbounded_multiplier_interval_is_shown_as_the_scaling_table_shows_it():

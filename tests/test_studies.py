@@ -32,18 +32,23 @@ REQUIRED = {
     "ladder_arch",
     "ladder_optimizer",
     "lr_transfer_base",
+    "ladder_arch_base",
+    "ladder_activation_base",
 }
 # studies whose claims are about a fixed regime (a high LR without warmup, the post-LN map over depth x LR): they
 # keep their one setting (issue 23); every other study tunes the LR per arm and warms up
 REGIME = {"norm_2x2", "pre_vs_post_norm", "prepost_map"}
-NO_CLAIMS = {"lr_transfer_base"}  # a tuning step: lr_transfer takes its best cell
+# the μP ladders whose output multiplier is tuned per arm at rung 0 by a study of its own (its sweep: a_out x LR)
+BASE_OF = {"ladder_arch": "ladder_arch_base", "ladder_activation": "ladder_activation_base"}
+# tuning steps: lr_transfer and the μP ladders take their best cells
+NO_CLAIMS = {"lr_transfer_base", *BASE_OF.values()}
 LOSS_METRICS = {"final_val_loss", "best_val_loss", "capped_val_loss", "val_loss_at_context", "extrapolation_gap"}
 LR_KEYS = ("optim.lr", "lr_mult")
 # the issues ask >= 3 seeds per point, except the maps over a grid: lr_transfer (widths x LRs x sp/mup),
 # prepost_map (depth x LR x pre/post) and the ladders (rungs x LRs x 4 budgets: the μP ladders tune at rung 0 on 2
 # seeds and train every rung at the transferred LR on 3; ladder_optimizer's per-rung grid on 2), >= 2
 LADDERS = {"ladder_activation", "ladder_arch", "ladder_optimizer"}
-MIN_SEEDS = {"lr_transfer": 2, "lr_transfer_base": 2, "prepost_map": 2, **dict.fromkeys(LADDERS, 2)}
+MIN_SEEDS = {"lr_transfer": 2, "prepost_map": 2, **dict.fromkeys(["lr_transfer_base", *BASE_OF.values(), *LADDERS], 2)}
 
 
 def jobs(study: str) -> list[dict[str, str]]:
@@ -308,19 +313,25 @@ def test_a_per_rung_grid_ladder_brackets_each_arms_best_lr_at_every_rung(study):
     assert seen == {(arm, rung, b) for arm, grid in grids.items() for rung in grid for b in budgets}
 
 
+def base_cells(study: str) -> dict[tuple, float]:
+    """A tuning study's cells (sorted (key, value) pairs of its swept keys but the seed) -> mean final val loss,
+    from the gallery's run (results/<study>/comparisons.csv)."""
+    import pandas as pd
+
+    cells: dict[tuple, float] = {}
+    for _, row in pd.read_csv(ROOT / "results" / study / "comparisons.csv").iterrows():
+        values = dict(part.split("=", 1) for part in str(row["context"]).split(", ") if "=" in part)
+        values[row["axis"]] = str(row["arm"])
+        cells[tuple(sorted(values.items()))] = float(row["final_val_loss_mean"])
+    return cells
+
+
 def test_lr_transfer_takes_the_base_sweeps_best_cell():
     """muTransfer's two halves: lr_transfer_base tunes muP's multipliers at the base width, lr_transfer sets the
     cell with the lowest mean final val loss there (results/lr_transfer_base/comparisons.csv, the gallery's run)
     and trains the same model and data long enough to leave the bigram level (>= 1000 steps; issue 23)."""
-    import pandas as pd
-
     base, transfer = experiment("lr_transfer_base"), experiment("lr_transfer")
-    table = pd.read_csv(ROOT / "results" / "lr_transfer_base" / "comparisons.csv")
-    cells: dict[tuple, float] = {}
-    for _, row in table.iterrows():
-        values = dict(part.split("=", 1) for part in str(row["context"]).split(", ") if "=" in part)
-        values[row["axis"]] = str(row["arm"])
-        cells[tuple(sorted(values.items()))] = float(row["final_val_loss_mean"])
+    cells = base_cells("lr_transfer_base")
     tuned = {k: float(v) for k, v in min(cells, key=cells.__getitem__)}
     keys = {"model.mup_output_mult", "model.mup_attn_mult", "model.init_std"}
     assert set(tuned) == keys and len(cells) == 8  # every cell of the 2 x 2 x 2 sweep
@@ -333,6 +344,44 @@ def test_lr_transfer_takes_the_base_sweeps_best_cell():
         assert base[group][key] == transfer[group][key], key
     assert transfer["train"]["max_steps"] >= 1000
     assert float(base["optim"]["lr"]) in lr_grid("lr_transfer")
+
+
+@pytest.mark.parametrize("ladder", sorted(BASE_OF))
+def test_a_mup_ladder_trains_each_arm_at_its_base_sweeps_best_output_multiplier(ladder):
+    """A base study tunes μP's output multiplier a_out with the LR per arm at rung 0 of its ladder (the largest
+    budget); the ladder trains every rung of an arm at that arm's best cell's a_out (results/<base>/comparisons.csv,
+    mean final val loss over seeds), inside both grids, and its rung-0 LR grid brackets the cell's LR. The base runs
+    are rung 0 of the ladder: the same config but for the ladder keys, at the ladder's budget 1 of each arm."""
+    from lm_ablate.ladder import set_budget
+
+    base = BASE_OF[ladder]
+    arm_key = next(k for k in ("arch", "activation") if k in params(base))
+    cells = base_cells(base)
+    swept = {(j[arm_key], float(j["model.mup_output_mult"]), float(j["optim.lr"])) for j in jobs(base)}
+    assert len(cells) == len(swept)  # every cell of the sweep has a row
+    default = experiment(ladder)["model"]["mup_output_mult"]
+    for arm in {a for a, _, _ in swept}:
+        own = {c: loss for c, loss in cells.items() if arm in dict(c).values()}  # arch=, activation.name=
+        values = dict(min(own, key=own.__getitem__))
+        a_out, lr = float(values["model.mup_output_mult"]), float(values["optim.lr"])
+        outs = sorted({o for a, o, _ in swept if a == arm})
+        lrs = sorted({r for a, o, r in swept if a == arm and o == a_out})
+        assert outs[0] < a_out < outs[-1] and lrs[0] < lr < lrs[-1], (arm, a_out, lr)  # inside both grids
+        trains = [j for j in jobs(ladder) if j[arm_key] == arm]
+        assert {float(j.get("model.mup_output_mult", default)) for j in trains} == {a_out}, arm
+        rung0 = sorted({float(j["optim.lr"]) for j in trains if j["ladder.rung"] == "0"})
+        assert rung0[0] < lr < rung0[-1], (arm, lr, rung0)
+    for job in jobs(base):
+        if job["seed"] != "0" or job["model.mup_output_mult"] not in ("1", "8"):
+            continue
+        overrides = [f"{k}={job[k]}" for k in (arm_key, "optim.lr", "model.mup_output_mult")]
+        tokens = [f"train.max_tokens={job['train.max_tokens']}"] if "train.max_tokens" in job else []
+        tuned = compose([f"experiment={base}", *overrides, *tokens])
+        rung = compose([f"experiment={ladder}", *overrides, "ladder.rung=0", "ladder.budget=1"])
+        set_budget(rung, 256)  # byte-level Shakespeare
+        for group in ("model", "optim", "train", "eval", "data", "regularization", "norm", "position", "activation",
+                      "attention"):  # fmt: skip
+            assert tuned[group] == rung[group], (job, group)
 
 
 # studies whose claims are still to be written (issue 14 gives their schema; remove a study once it has them)

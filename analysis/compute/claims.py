@@ -551,8 +551,8 @@ def compute_multiplier(sel: Selection) -> Effect | str:
     # the fit window's sensitivity check (ladder.fit_budgets left budgets out): the same form on every budget
     every = study.every_budget
     em = None if every is None else next((x for x in every.multipliers if x.arm == arm and x.at == at), None)
-    window = em is not None and _reading(m, off_goal) != _reading(
-        em, any(every.held_out_error(a) > HELD_OUT_GOAL for a in (arm, base))
+    window = em is not None and _decides(m, off_goal, sel.claim) != _decides(
+        em, any(every.held_out_error(a) > HELD_OUT_GOAL for a in (arm, base)), sel.claim
     )
     # an L(N, D) curve is the best allocation within the tokens per parameter its runs trained; where the
     # unconstrained optimum lies outside that band the curve follows the band's edge (noted, not a downgrade: the
@@ -564,12 +564,13 @@ def compute_multiplier(sel: Selection) -> Effect | str:
     return Effect(m.cm, m.low, m.high, nan, nan, nan, "bootstrap", 0, rungs[arm], rungs[base], nan, nan, notes)
 
 
-def _reading(m: Any, off_goal: bool) -> str:
-    """What a compute multiplier can decide: "none" (its fit missed the held-out goal, or its interval includes
-    1), "higher" (the arm is better: the interval lies above 1) or "lower"."""
-    if off_goal or not (m.low > 1 or m.high < 1):
-        return "none"
-    return "higher" if m.low > 1 else "lower"
+def _decides(m: Any, off_goal: bool, claim: Claim) -> str:
+    """The verdict a compute multiplier ``m`` gives ``claim`` by the rule every claim follows (:func:`verdict`:
+    its 95% interval against the claim's null and margin); inconclusive where its fit missed the held-out goal."""
+    if off_goal:
+        return INCONCLUSIVE
+    nan = math.nan
+    return verdict(Effect(m.cm, m.low, m.high, nan, nan, nan, "bootstrap", 0, 0, 0, nan, nan), claim)
 
 
 METRIC_FUNCTIONS: dict[str, Callable[[Selection], Effect | str]] = {
