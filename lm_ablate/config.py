@@ -85,15 +85,18 @@ def compose(
     return cfg
 
 
-def job_config(cfg: DictConfig) -> DictConfig:
+def job_config(cfg: DictConfig, rung: bool = True) -> DictConfig:
     """A config composed with its ``hydra`` node (Hydra's compose, ``load_sweep_config``) as the task function
-    sees it: the ``hydra`` node dropped, ``choices`` filled from ``hydra.runtime.choices``. Changes ``cfg``."""
+    sees it: the ``hydra`` node dropped, ``choices`` filled from ``hydra.runtime.choices``. Changes ``cfg``.
+    ``rung=False`` leaves the ladder's rung unapplied, for a composition that value overrides still change (the
+    sweep check's cached base: ``ladder.lr=fixed`` given after it must not find μP already switched on)."""
     choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra") and k != "local"}
     OmegaConf.set_struct(cfg, False)
     del cfg["hydra"]
     cfg.choices = choices
     OmegaConf.set_struct(cfg, True)
-    apply_rung(cfg)  # a ladder run's shape (lm_ablate/ladder.py)
+    if rung:
+        apply_rung(cfg)  # a ladder run's shape (lm_ablate/ladder.py)
     return cfg
 
 

@@ -177,7 +177,8 @@ class ArmChecker:
         key = tuple(groups)
         if key not in self.composed:
             try:
-                self.composed[key] = job_config(self.loader.load_sweep_config(self.config, list(groups)))
+                # the rung is applied per arm, after its value overrides, as the job applies it
+                self.composed[key] = job_config(self.loader.load_sweep_config(self.config, list(groups)), rung=False)
             except Exception as err:  # a composition error is this set's answer; others propagate
                 line = str(err) if isinstance(err, ConfigError) else compose_error_message(err)
                 if line is None:
@@ -197,8 +198,8 @@ class ArmChecker:
             cfg = copy.deepcopy(base)  # the cached composition stays as composed: settle and a rung change cfg
             if values:
                 self.apply(values, cfg)
+            apply_rung(cfg)  # before settle, as the job (lm_ablate/train.py): ladder.lr=mup turns on mup's keys
             settle(cfg, explicit_keys(values if self.repo is not None else overrides))
-            apply_rung(cfg)
             check_budget_keys(cfg)
             check_vocab_key(cfg)
             validate(cfg)

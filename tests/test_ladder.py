@@ -157,7 +157,7 @@ def test_a_ladder_sweep_is_refused_before_any_job_starts(tmp_path):
         (["ladder.rung=0,1"], "at least 3 rungs"),
         (["train.max_tokens=5000"], "a ladder sets it"),
         (
-            ["optim.lr=3e-3", "ladder.lr=grid"],
+            ["optim.lr=3e-3", "ladder.lr=grid", "model.mup_output_mult=null"],  # grid trains SP: no μP multiplier
             "ladder.lr='grid' is invalid: ladder=cpu_mup fits each (arm, rung) at its best LR",
         ),
     )
@@ -175,12 +175,13 @@ def test_a_ladder_sweep_is_refused_before_any_job_starts(tmp_path):
 @pytest.mark.slow
 def test_a_ladder_study_runs_and_reports_compute_multipliers(tmp_path, cache_dir):
     """2 arms x 4 tiny rungs x 2 seeds through the study command: the report has the Scaling section with a fit
-    per arm, the multiplier of the second arm, and the held-out rung."""
+    per arm, the multiplier of the second arm, and the held-out rung. (ladder.lr=fixed trains SP, which has no μP
+    output multiplier: the sweep's per-arm model.mup_output_mult is cleared with it, or it is refused in one line.)"""
     rungs = ("ladder.rungs=[{d_model:16,n_layers:1,n_heads:2},{d_model:24,n_layers:1,n_heads:2},"
              "{d_model:32,n_layers:1,n_heads:2},{d_model:32,n_layers:2,n_heads:2}]")  # fmt: skip
     out = subprocess.run(
         [sys.executable, "-m", "lm_ablate.study", "ladder_activation", "--out", str(tmp_path / "ladder"), rungs,
-         "ladder.rung=0,1,2,3", "seed=0,1", "ladder.lr=fixed", "optim.lr=1e-2", "ladder.budgets=null", "ladder.fit_budgets=null",
+         "ladder.rung=0,1,2,3", "seed=0,1", "ladder.lr=fixed", "model.mup_output_mult=null", "optim.lr=1e-2", "ladder.budgets=null", "ladder.fit_budgets=null",
          "ladder.tokens_per_param=4", "eval.max_examples=40", "train.batch_size=4",
          "train.eval_batches=2", "tracking=none", "train.progress=false", "train.threads=1",
          f"data.cache_dir={cache_dir}"],
@@ -196,6 +197,17 @@ def test_a_ladder_study_runs_and_reports_compute_multipliers(tmp_path, cache_dir
     assert "swiglu" in scaling and "gelu" in scaling
     summaries = sorted((tmp_path / "ladder").glob("*/summary.json"))
     assert len(summaries) == 16 and all(json.loads(p.read_text())[M.STATUS] == M.STATUS_COMPLETED for p in summaries)
+
+
+def test_the_sweep_check_applies_the_ladder_lr_rule_the_job_runs():
+    """ladder.lr=mup switches μP on when a job's config is made, after every override: the sweep check applies the
+    rung after each arm's overrides as the job does, so a sweep given ladder.lr=fixed (SP) is checked as SP. Its
+    per-arm μP output multiplier (sweeps/ladder_activation.yaml) is refused before any job starts (each job would
+    refuse it), and accepted once cleared; without the override the μP arms pass."""
+    errors = sweep_check("ladder_activation", ["ladder.lr=fixed", "optim.lr=1e-2"])
+    assert errors and all("model.mup_output_mult=" in e and "model.parametrization=sp" in e for e in errors), errors
+    assert sweep_check("ladder_activation", ["ladder.lr=fixed", "optim.lr=1e-2", "model.mup_output_mult=null"]) == []
+    assert sweep_check("ladder_activation", []) == []
 
 
 def test_a_three_rung_ladder_sweep_is_accepted_with_a_warning_about_the_held_out_check(capsys):
