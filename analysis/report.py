@@ -34,7 +34,7 @@ from analysis.present.report import build_blocks, default_title, report_columns
 from analysis.sources.combined import load_sources
 from analysis.sources.load import AnalysisError
 from lm_ablate.sweep_check import unwritable
-from lm_ablate.validation import FIT_FORMS
+from lm_ablate.validation import FIT_FORMS, TUNABLE
 
 __all__ = ["AnalysisError", "build_report", "main"]  # what lm_ablate.study and scripts/gallery.py call
 
@@ -82,6 +82,7 @@ def build_report(
     workers: int | None = None,
     fit: str | None = None,
     fit_budgets: Sequence[float] | None = None,
+    tune: Sequence[str] | None = None,
 ) -> Path:
     """Load the runs under ``paths`` (and/or of the W&B project ``wandb``), compare them and write
     report.html, report.md (with its PNGs), runs.csv/.parquet, comparisons.csv/.parquet and, when the
@@ -90,19 +91,22 @@ def build_report(
     Returns the path of report.html.
 
     ``baseline`` is ``"KEY=VALUE"``. ``workers``: processes for loading and drawing (default: the CPUs this
-    process may use, at most 8). ``fit``, ``fit_budgets``: the scaling fit's form and budgets, over what the
-    runs recorded (analysis/compute/scaling.py). Raises :class:`AnalysisError` (one line) for no runs or a bad key.
+    process may use, at most 8). ``fit``, ``fit_budgets``, ``tune``: the scaling fit's form, budgets and the keys
+    tuned per cell, over what the runs recorded (analysis/compute/scaling.py). Raises :class:`AnalysisError` (one
+    line) for no runs or a bad key.
     """
     workers = default_workers() if workers is None else max(1, workers)
     if fit is not None and fit not in FIT_FORMS:
         raise AnalysisError(f"--fit={fit} is invalid: allowed: {', '.join(FIT_FORMS)}")
+    if tune is not None and (not tune or any(k not in TUNABLE for k in tune)):
+        raise AnalysisError(f"--tune={','.join(tune)} is invalid: allowed: keys among {', '.join(TUNABLE)}")
     check_out_dir(out_dir)
     rs = load_sources(paths, out_dir, wandb, group, offline, workers, keep=report_columns)
     cs = compare_runs(rs, by=by, baseline=baseline)
     sweep = lr_sweep(rs)
-    scaling = scaling_study(rs, baseline, fit=fit, fit_budgets=fit_budgets)
-    if scaling is None and (fit is not None or fit_budgets):
-        flag = "--fit" if fit is not None else "--fit-budgets"
+    scaling = scaling_study(rs, baseline, fit=fit, fit_budgets=fit_budgets, tune=tune)
+    if scaling is None and (fit is not None or fit_budgets or tune is not None):
+        flag = "--fit" if fit is not None else "--fit-budgets" if fit_budgets else "--tune"
         raise AnalysisError(f"{flag} is invalid for these runs: it refits a ladder, and they do not vary model size; "
                             "allowed: runs of a ladder study (ladder.rung swept)")  # fmt: skip
     claims = evaluate_claims(rs, scaling=scaling)
@@ -154,12 +158,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "(default: the runs' ladder.fit)")  # fmt: skip
     parser.add_argument("--fit-budgets", metavar="B[,B...]", help="fit only the cells of these budgets, e.g. 1 "
                         "(default: the runs' ladder.fit_budgets, else every budget)")  # fmt: skip
+    parser.add_argument("--tune", metavar="KEY[,KEY...]", help="keys each ladder cell takes its best value of, "
+                        f"with the LR, among {', '.join(TUNABLE)} (default: the runs' ladder.tune)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         path = build_report(
             args.paths, args.out, by=args.by, baseline=args.baseline, title=args.title, wandb=args.wandb,
             group=args.group, offline=args.offline, workers=args.workers, fit=args.fit,
-            fit_budgets=_budget_list(args.fit_budgets),
+            fit_budgets=_budget_list(args.fit_budgets), tune=args.tune.split(",") if args.tune else None,
         )  # fmt: skip
     except AnalysisError as exc:
         return error(exc)

@@ -239,6 +239,9 @@ class LadderConfig:
     # shared_e | shared_e_alpha | nd_per_arm | nd_shared_e | nd_shared_exponents
     fit_budgets: Optional[list[float]] = None  # the budgets whose cells the scaling fits use, a subset of budgets
     # (e.g. those past an early plateau); null = every budget. The report's --fit-budgets refits recorded runs
+    tune: Optional[list[str]] = field(default_factory=list)  # keys besides optim.lr that the sweep varies within
+    # every arm and the report tunes per (arm, rung, budget) cell: each cell is fitted at the setting (these keys
+    # and the LR) with the lowest mean final loss; allowed: model.mup_output_mult | mup_attn_mult | init_std
 
 
 @dataclass

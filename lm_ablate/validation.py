@@ -287,6 +287,9 @@ REQUIRED = ("d_model", "n_layers", "n_heads")
 LR_RULES = ("fixed", "grid", "mup")
 PARAM_COUNTS = ("non_embedding", "total")  # ladder.params: the N a budget is a multiple of
 # ladder.fit: the scaling fit forms (analysis/compute/scaling_forms.py); auto = chosen by held-out error
+# ladder.tune: the base hyperparameters μP leaves to the proxy model (Yang et al. 2022, Tensor Programs V, Table
+# 10, with the LR), which a ladder may tune per cell where one value tuned at rung 0 does not transfer
+TUNABLE = ("model.mup_output_mult", "model.mup_attn_mult", "model.init_std")
 FIT_FORMS = ("auto", "per_arm", "shared_e", "shared_e_alpha", "nd_per_arm", "nd_shared_e", "nd_shared_exponents")
 MIN_RUNGS = 3  # a fit of L(C) = E + A C^-alpha has 3 parameters; a held-out check (largest rung left out) needs 4
 
@@ -331,6 +334,10 @@ def check_ladder(cfg: Any) -> None:
         raise bad("ladder.params", lad.params, f"allowed: {', '.join(PARAM_COUNTS)}")
     if lad.fit not in FIT_FORMS:
         raise bad("ladder.fit", lad.fit, f"allowed: {', '.join(FIT_FORMS)}")
+    tune = list(getattr(lad, "tune", None) or [])
+    if any(key not in TUNABLE for key in tune) or len(set(tune)) < len(tune):
+        raise bad("ladder.tune", tune, f"allowed: a list of distinct keys among {', '.join(TUNABLE)} (the LR is "
+                  "ladder.lr's), or []")  # fmt: skip
     check_budgets(cfg)
 
 

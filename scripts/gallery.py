@@ -37,12 +37,15 @@ STUDIES = [
     "norm_2x2", "pre_vs_post_norm", "prepost_map", "rmsnorm_vs_layernorm", "norm_placement", "position",
     "activation", "attention", "regularization", "lr_sensitivity", "parallel_vs_serial", "optimizer",
     "lr_transfer_base", "lr_transfer", "ladder_activation_base", "ladder_activation", "ladder_arch_base", "ladder_arch",
-    "ladder_optimizer",
+    "ladder_optimizer_base", "ladder_optimizer",
 ]  # fmt: skip
-# studies whose runs were trained before their experiment declared ladder.fit_budgets (the fit window, 2026-12-04):
-# their reports fit that window as the report's --fit-budgets, which the report says, and runs appended to their
-# folder record no window as those did (one value for every run of a study); a study trained afresh records it
-FIT_BUDGETS_AT_BUILD = {"ladder_optimizer": (0.25, 0.5, 1.0)}
+# studies whose sweep was trained in parts kept in folders of their own: the report reads them beside runs/gallery/
+# <study> (ladder_optimizer: its a_out-1 grids were trained on 2026-12-04 as the study's design then; a fresh
+# `python -m lm_ablate.study ladder_optimizer` trains every line into one folder)
+PARTS = {"ladder_optimizer": ("ladder_optimizer_a1",)}
+# report options over what those runs recorded: the a_out-1 runs predate ladder.fit_budgets and ladder.tune, and
+# the a_out-tuned ones were launched before ladder.tune existed, so the build sets both (the report says so)
+BUILD_OPTIONS = {"ladder_optimizer": {"fit_budgets": (0.25, 0.5, 1.0), "tune": ("model.mup_output_mult",)}}
 KEPT = ("report.md", "claims.csv", "comparisons.csv", "scaling.csv", "scaling_forms.csv", "lr_sweep.csv")
 
 
@@ -56,8 +59,6 @@ def run(studies: list[str], threads: int | None = None, launcher: str = "basic")
             cmd = [sys.executable, "-m", "lm_ablate.study", study, "--out", str(RUNS / study), "--launcher", launcher,
                    "tracking=none", "train.progress=false"]  # fmt: skip
             cmd += [f"train.threads={threads}"] if threads else []
-            # runs appended to a folder trained before the study declared its fit window record what those did
-            cmd += ["ladder.fit_budgets=null"] if study in FIT_BUDGETS_AT_BUILD else []
             rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         with open(RUNS / "times.txt", "a") as f:
             # joblib: two jobs side by side, each with half the cores unless told (lm_ablate/study.py): "1x2"
@@ -126,7 +127,8 @@ def build_study(study: str) -> Path:
 
     runs = RUNS / study
     report = runs / "report"
-    build_report([runs], report, title=study, fit_budgets=FIT_BUDGETS_AT_BUILD.get(study))
+    parts = [RUNS / part for part in PARTS.get(study, ())]
+    build_report([runs, *parts], report, title=study, **BUILD_OPTIONS.get(study, {}))
     target = RESULTS / study
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)

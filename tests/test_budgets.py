@@ -161,6 +161,9 @@ def test_a_branch_start_of_another_config_is_refused(branched, tmp_path, cache_d
         (["ladder.budgets=[0.5,1]", "ladder.fit_budgets=[2]"], "ladder.fit_budgets=", "subset of ladder.budgets"),
         (["ladder.budgets=[0.5,1]", "ladder.fit_budgets=[]"], "ladder.fit_budgets=", "non-empty subset"),
         (["ladder.fit_budgets=[0.5]"], "ladder.fit_budgets=", "ladder.budgets [1.0]"),
+        (["ladder.tune=[optim.lr]"], "ladder.tune=", "model.mup_output_mult, model.mup_attn_mult"),
+        (["ladder.tune=[model.d_model]"], "ladder.tune=", "the LR is ladder.lr's"),
+        (["ladder.tune=[model.init_std,model.init_std]"], "ladder.tune=", "distinct keys"),
     ],
 )
 def test_bad_budgets_fail_in_one_line_naming_the_key(overrides, starts, words):

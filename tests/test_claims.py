@@ -342,7 +342,7 @@ def test_compute_multiplier_reads_the_scaling_study():
     rs = runset(specs, ("model.d_model",))
     ids = {arm: [r for r, c in rs.configs.items() if c["norm.placement"] == arm] for arm in ("pre", "post")}
     study = NS(
-        baseline="norm.placement=pre", size_keys=["model.d_model"], lr_selected=False,
+        baseline="norm.placement=pre", size_keys=["model.d_model"], lr_selected=False, tuned=[],
         arms=[NS(arm=f"norm.placement={a}", rungs=[NS(run_ids=ids[a][:2]), NS(run_ids=ids[a][2:])]) for a in ids],
         multipliers=[NS(arm="norm.placement=post", at="largest", cm=1.4, low=1.1, high=1.8, beyond_validated=False),
                      NS(arm="norm.placement=post", at="10x", cm=0.9, low=0.7, high=1.2, beyond_validated=True)],

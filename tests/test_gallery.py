@@ -259,3 +259,12 @@ def test_forms_lines_put_every_fit_form_side_by_side(gallery, tmp_path, monkeypa
     assert len(table) == 4 and table[1].startswith("| [ladder_x](ladder_x/report.md) | **shared_e** (chosen) | 4 |")
     assert table[3] == ("| [ladder_x](ladder_x/report.md) | shared_e on budgets 0.125, 0.25, 0.5, 1 (window check) | "
                         "4 | 3.5% | swiglu vs gelu: 1.4x [1.2x, 1.7x] | – | E: gelu 1.2, swiglu 1.2 |")  # fmt: skip
+
+
+@pytest.mark.parametrize("study", sorted(p.name for p in (ROOT / "results").iterdir() if (p / "report.md").is_file()))
+def test_each_committed_figure_is_one_its_report_shows(study):
+    """results/<study> holds exactly the figures its report.md shows: a figure left from an earlier build (a study
+    whose axes or pages changed) would sit beside the report without being its data."""
+    folder = ROOT / "results" / study
+    shown = set(re.findall(r"\]\(([^)\s]+\.png)\)", (folder / "report.md").read_text()))
+    assert {p.name for p in folder.glob("*.png")} == shown

@@ -529,3 +529,73 @@ def test_no_scaling_section_without_size(tmp_path):
     out = build_report([tmp_path / "runs"], tmp_path / "report", workers=1)
     assert "## Scaling" not in (out.parent / "report.md").read_text()
     assert not (out.parent / "scaling.csv").exists()
+
+
+def test_a_tuned_key_is_picked_per_cell_with_the_lr_not_compared(tmp_path):
+    """ladder.tune (ladder_optimizer: μP's output multiplier tuned at rung 0 does not transfer along the ladder):
+    a key the runs name there and vary within every arm is no arm; each (arm, rung) cell is fitted at the setting
+    of that key and the LR with the lowest mean loss, which may differ from rung to rung; the LR grid and its edge
+    are those of the chosen setting. The same runs without ladder.tune compare the key as an arm (4 arms), and the
+    report's --tune (tune=) refits them as if they had named it."""
+    from analysis.compute.claims import NOTE_CELL_BEST_LR, evaluate_claims
+    from lm_ablate.claim_spec import parse_claims
+
+    refs, mults = {"adamw": 3e-3, "muon": 2e-2}, {"adamw": 1.0, "muon": 1.5}
+    # the planted best cell (a_out, LR multiple) per arm and rung: muon's a_out 8 wins at the small rungs only
+    best = {("adamw", k): (8.0, 2) for k in range(4)} | {("muon", k): (8.0 if k < 2 else 1.0, 1) for k in range(4)}
+
+    def write(root: Path, tune: list[str] | None) -> None:
+        job = 0
+        for opt, ref in refs.items():
+            for k in range(4):
+                n = n_params(k)
+                for a_out in (1.0, 8.0):
+                    for x in (1, 2):
+                        penalty = 1.0 + 0.04 * (a_out != best[opt, k][0]) + 0.06 * (x != best[opt, k][1])
+                        for seed in range(2):
+                            loss = law(compute(k), mults[opt]) * penalty * (1 + 0.001 * seed)
+                            ladder = {"name": "cpu", "rung": k, "tokens_per_param": 20, "lr": "mup"}
+                            cfg = {"model": {"name": "ladder", "d_model": 32 * (k + 1), "n_layers": 2 + k, "n_heads": 4,
+                                             "mup_output_mult": a_out},
+                                   "optim": {"name": opt, "lr": ref * x}, "train": {"max_tokens": 20 * n},
+                                   "seed": seed, "study": "ladder",
+                                   "ladder": ladder | ({"tune": tune} if tune is not None else {})}  # fmt: skip
+                            summary = {M.STATUS: M.STATUS_COMPLETED, M.SEED: seed, M.FINAL_VAL_LOSS: loss,
+                                       M.BEST_VAL_LOSS: loss, M.PARAMS_NON_EMBEDDING: n, M.PARAMS_TOTAL: n + 4096,
+                                       "flops_per_token": 6.0 * n, M.TOTAL_TOKENS: 20 * n, M.STEPS: 100}  # fmt: skip
+                            rows = [{M.STEP: 0, M.VAL_LOSS: 5.5}, {M.STEP: 100, M.VAL_LOSS: loss}]
+                            write_run(root / str(job), cfg, rows, summary)
+                            job += 1
+
+    write(tmp_path / "tuned", ["model.mup_output_mult"])
+    st = S.scaling_study(load_runs(tmp_path / "tuned"), n_boot=50)
+    assert st is not None and st.arm_keys == ["optim.name"] and st.tuned == ["model.mup_output_mult"]
+    for a in st.arms:
+        opt = a.arm.split("=")[1]
+        for r in a.rungs:
+            a_out, x = best[opt, r.rung]
+            assert (r.setting, r.lr) == ({"model.mup_output_mult": a_out}, refs[opt] * x), (a.arm, r.rung)
+            assert r.lr_grid == [refs[opt], 2 * refs[opt]] and len(r.run_ids) == 2 and r.n_runs == 8
+    assert sum(w.code == S.W_LR_AT_EDGE for w in st.warnings) == 8  # a 2-LR grid: every best is at an end
+    rows = st.rung_table
+    assert list(rows["tuned.model.mup_output_mult"]) == [best[o, k][0] for o in refs for k in range(4)]
+    (m,) = [m for m in st.multipliers if m.at == "largest"]
+    assert m.cm == pytest.approx(1.5, rel=0.02)  # the planted multiplier, each cell at its best
+    raw = {"id": "m", "source": "s", "statement": "s", "axis": "optim", "arm": "muon", "baseline": "adamw",
+           "metric": "compute_multiplier", "expect": "higher"}  # fmt: skip
+    results = evaluate_claims(load_runs(tmp_path / "tuned"), parse_claims([raw]), scaling=st).results
+    (res,) = results
+    assert res.verdict == "held" and res.effect.estimate == pytest.approx(1.5, rel=0.02)  # one context: a_out pooled
+    assert NOTE_CELL_BEST_LR in res.effect.notes
+    text = render_markdown(scaling_blocks(st))
+    assert "model.mup_output_mult (ladder.tune) varies within the arms" in text
+    # the same runs, no ladder.tune recorded: the key is compared (4 arms), unless the report names it (--tune)
+    write(tmp_path / "plain", None)
+    plain = S.scaling_study(load_runs(tmp_path / "plain"), n_boot=50)
+    assert plain is not None and plain.tuned == [] and len(plain.arms) == 4
+    assert set(plain.arm_keys) == {"optim.name", "model.mup_output_mult"}
+    again = S.scaling_study(load_runs(tmp_path / "plain"), n_boot=50, tune=["model.mup_output_mult"])
+    assert again.tuned == st.tuned and "--tune" in again.set_at_report
+    assert [(r.setting, r.lr) for a in again.arms for r in a.rungs] == [
+        (r.setting, r.lr) for a in st.arms for r in a.rungs
+    ]

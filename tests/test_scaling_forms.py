@@ -604,6 +604,7 @@ def test_fit_budgets_and_fit_from_the_report_command_line(tmp_path, capsys):
         (["--fit-budgets", "one"], "--fit-budgets one is invalid: allowed: budgets the runs trained"),
         (["--fit", "cubic"], "--fit=cubic is invalid: allowed: auto, per_arm"),
         (["--fit-budgets", "1", "--fit", "nd_shared_e"], "--fit=nd_shared_e is invalid here: an L(N, D) form"),
+        (["--tune", "optim.lr"], "--tune=optim.lr is invalid: allowed: keys among model.mup_output_mult"),
     ):
         capsys.readouterr()
         bad = tmp_path / f"bad{len(flags[1])}{flags[0]}"

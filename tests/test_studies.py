@@ -34,12 +34,17 @@ REQUIRED = {
     "lr_transfer_base",
     "ladder_arch_base",
     "ladder_activation_base",
+    "ladder_optimizer_base",
 }
 # studies whose claims are about a fixed regime (a high LR without warmup, the post-LN map over depth x LR): they
 # keep their one setting (issue 23); every other study tunes the LR per arm and warms up
 REGIME = {"norm_2x2", "pre_vs_post_norm", "prepost_map"}
 # the μP ladders whose output multiplier is tuned per arm at rung 0 by a study of its own (its sweep: a_out x LR)
-BASE_OF = {"ladder_arch": "ladder_arch_base", "ladder_activation": "ladder_activation_base"}
+BASE_OF = {
+    "ladder_arch": "ladder_arch_base",
+    "ladder_activation": "ladder_activation_base",
+    "ladder_optimizer": "ladder_optimizer_base",
+}
 # tuning steps: lr_transfer and the μP ladders take their best cells
 NO_CLAIMS = {"lr_transfer_base", *BASE_OF.values()}
 LOSS_METRICS = {"final_val_loss", "best_val_loss", "capped_val_loss", "val_loss_at_context", "extrapolation_gap"}
@@ -116,11 +121,22 @@ def lr_grid(study: str) -> list[float]:
     return sorted(float(v.lstrip("x")) for v in p.get("lr_mult", []))
 
 
+def tuned_setting(study: str, values: dict[str, str]) -> str:
+    """The keys a ladder tunes per cell (its ladder.tune) as a job or a report context spells them, a key the job
+    leaves out at the experiment's value: "" without."""
+    spec = experiment(study)
+    keys = (spec.get("ladder") or {}).get("tune") or []
+    value = lambda k: values[k] if k in values else spec[k.split(".")[0]][k.split(".")[1]]
+    return ", ".join(f"{k}={float(value(k)):g}" for k in keys)
+
+
 def mup_rung_grids(study: str) -> dict[str, dict[int, dict[float, list[str]]]]:
-    """A μP ladder's LRs per arm (its activation/optim choice) and rung: rung -> LR -> the seeds that run it."""
+    """A μP ladder's LRs per arm (its activation/optim choice; with ladder.tune, each setting of those keys apart:
+    "muon, model.mup_output_mult=16") and rung: rung -> LR -> the seeds that run it."""
     out: dict[str, dict[int, dict[float, list[str]]]] = {}
     for job in jobs(study):
         arm = job.get("activation") or job.get("optim") or job.get("arch")
+        arm = ", ".join(filter(None, (arm, tuned_setting(study, job))))
         lrs = out.setdefault(arm, {}).setdefault(int(job["ladder.rung"]), {})
         lrs.setdefault(float(job["optim.lr"]), []).append(job["seed"])
     return out
@@ -296,19 +312,27 @@ def test_a_mup_ladder_transfers_each_arms_best_rung_0_lr(study):
 def test_a_per_rung_grid_ladder_brackets_each_arms_best_lr_at_every_rung(study):
     """Each (arm, rung, budget) cell of the gallery's run (results/<study>/lr_sweep.csv): the best LR (mean final
     loss over the seeds) lies inside the rung's grid, so no cell a fit reads is taken at a grid's edge (a budget is
-    a decay branch of the rung's run: its LR is the run's, and the grid must bracket every budget's best)."""
+    a decay branch of the rung's run: its LR is the run's, and the grid must bracket every budget's best). With
+    ladder.tune, the setting of those keys whose best LR has the lowest loss is the one the fit reads: its LR is
+    inside its grid (another setting's best may sit at its grid's edge, below the chosen one)."""
     import pandas as pd
 
     grids = mup_rung_grids(study)
+    names = {arm.split(", ")[0] for arm in grids}
     table = pd.read_csv(ROOT / "results" / study / "lr_sweep.csv")
-    seen = set()
+    seen, chosen = set(), {}
     for _, row in table.iterrows():
         values = dict(part.split("=", 1) for part in str(row["context"]).split(", "))
-        (arm,) = [v for v in values.values() if v in grids]
+        (name,) = [v for v in values.values() if v in names]
+        arm = ", ".join(filter(None, (name, tuned_setting(study, values))))
         rung, budget = int(values["ladder.rung"]), values["ladder.budget"]
         assert sorted(map(float, str(row["lr_grid"]).split())) == sorted(grids[arm][rung]), (arm, rung, budget)
-        assert not row["best_at_edge"], (arm, rung, budget, row["best_lr"], row["lr_grid"])
         seen.add((arm, rung, budget))
+        cell = chosen.setdefault((name, rung, budget), row)
+        if row["final_val_loss_mean"] < cell["final_val_loss_mean"]:
+            chosen[name, rung, budget] = row
+    for cell, row in chosen.items():
+        assert not row["best_at_edge"], (cell, row["context"], row["best_lr"], row["lr_grid"])
     budgets = ["null", *map(str, experiment(study)["ladder"]["budgets"][:-1])]  # the largest budget is the run's
     assert seen == {(arm, rung, b) for arm, grid in grids.items() for rung in grid for b in budgets}
 
@@ -351,24 +375,29 @@ def test_a_mup_ladder_trains_each_arm_at_its_base_sweeps_best_output_multiplier(
     """A base study tunes μP's output multiplier a_out with the LR per arm at rung 0 of its ladder (the largest
     budget); the ladder trains every rung of an arm at that arm's best cell's a_out (results/<base>/comparisons.csv,
     mean final val loss over seeds), inside both grids, and its rung-0 LR grid brackets the cell's LR. The base runs
-    are rung 0 of the ladder: the same config but for the ladder keys, at the ladder's budget 1 of each arm."""
+    are rung 0 of the ladder: the same config but for the ladder keys, at the ladder's budget 1 of each arm.
+    ladder_optimizer, where that a_out does not transfer to the wider rungs, trains each arm at a_out 1 too and
+    fits each cell at the better of the two (ladder.tune)."""
     from lm_ablate.ladder import set_budget
 
     base = BASE_OF[ladder]
-    arm_key = next(k for k in ("arch", "activation") if k in params(base))
+    arm_key = next(k for k in ("arch", "activation", "optim") if k in params(base))
     cells = base_cells(base)
     swept = {(j[arm_key], float(j["model.mup_output_mult"]), float(j["optim.lr"])) for j in jobs(base)}
     assert len(cells) == len(swept)  # every cell of the sweep has a row
     default = experiment(ladder)["model"]["mup_output_mult"]
     for arm in {a for a, _, _ in swept}:
-        own = {c: loss for c, loss in cells.items() if arm in dict(c).values()}  # arch=, activation.name=
+        own = {c: loss for c, loss in cells.items() if arm in dict(c).values()}  # arch=, activation.name=, optim.name=
         values = dict(min(own, key=own.__getitem__))
         a_out, lr = float(values["model.mup_output_mult"]), float(values["optim.lr"])
         outs = sorted({o for a, o, _ in swept if a == arm})
         lrs = sorted({r for a, o, r in swept if a == arm and o == a_out})
         assert outs[0] < a_out < outs[-1] and lrs[0] < lr < lrs[-1], (arm, a_out, lr)  # inside both grids
         trains = [j for j in jobs(ladder) if j[arm_key] == arm]
-        assert {float(j.get("model.mup_output_mult", default)) for j in trains} == {a_out}, arm
+        # a ladder that tunes a_out per cell (ladder.tune) also trains the arm at microsoft/mup's default, 1
+        also = {1.0} if "model.mup_output_mult" in (experiment(ladder)["ladder"].get("tune") or []) else set()
+        assert {float(j.get("model.mup_output_mult", default)) for j in trains} == {a_out} | also, arm
+        trains = [j for j in trains if float(j.get("model.mup_output_mult", default)) == a_out]
         rung0 = sorted({float(j["optim.lr"]) for j in trains if j["ladder.rung"] == "0"})
         assert rung0[0] < lr < rung0[-1], (arm, lr, rung0)
     for job in jobs(base):

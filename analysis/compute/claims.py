@@ -558,7 +558,7 @@ def compute_multiplier(sel: Selection) -> Effect | str:
     # unconstrained optimum lies outside that band the curve follows the band's edge (noted, not a downgrade: the
     # comparison then rests on allocations the ladder trained, where the frontier would not)
     edge = any(w.code == W_ALLOCATION_EDGE and w.arm in (arm, base) for w in study.warnings)
-    flags = ((NOTE_BEYOND_VALIDATED, m.beyond_validated), (NOTE_CELL_BEST_LR, study.lr_selected),
+    flags = ((NOTE_BEYOND_VALIDATED, m.beyond_validated), (NOTE_CELL_BEST_LR, study.lr_selected or bool(study.tuned)),
              (NOTE_FIT_OFF_GOAL, off_goal), (NOTE_ALLOCATION_EDGE, edge), (NOTE_FIT_WINDOW, window))  # fmt: skip
     notes = tuple(note for note, on in flags if on)
     return Effect(m.cm, m.low, m.high, nan, nan, nan, "bootstrap", 0, rungs[arm], rungs[base], nan, nan, notes)
@@ -681,7 +681,8 @@ def _evaluate(inputs: Inputs, claim: Claim, axes: list[Axis]) -> list[ClaimResul
         return [ClaimResult(claim, ALL_RUNS, UNTESTED, None, WHY_NOT_VARIED)]
     pooled = set(claim.spec.pools)
     if claim.metric == "compute_multiplier" and inputs.scaling_study() is not None:
-        pooled |= set(inputs.scaling_study().size_keys)
+        # the rung's keys and the keys each cell is tuned over (ladder.tune) are inside the multiplier
+        pooled |= set(inputs.scaling_study().size_keys) | set(inputs.scaling_study().tuned)
     filters = []
     for ckey, cvalue in claim.context:
         resolved = resolve_key(ckey, known)

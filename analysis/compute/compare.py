@@ -38,9 +38,11 @@ from analysis.sources.load import INIT_VAL_LOSS, AnalysisError, RunSet, downstre
 from analysis.sources.values import launch_order, matches_text, override_text, value_order
 from lm_ablate import metrics as M
 
-EXCLUDED_KEYS = frozenset(
-    {M.SEED, "study", "train.progress", "train.device", "train.threads", "data.cache_dir"}
-)  # bookkeeping that differs between runs without being an intervention
+# bookkeeping that differs between runs without being an intervention; the ladder keys are the report's settings
+EXCLUDED_KEYS = frozenset({
+    M.SEED, "study", "train.progress", "train.device", "train.threads", "data.cache_dir",
+    "ladder.fit", "ladder.fit_budgets", "ladder.tune",
+})  # fmt: skip
 CHOICES = M.CHOICES + "."  # choices.<group>: the option picked in each config group
 EXCLUDED_PREFIXES = (CHOICES, "tracking.")  # a group's choice repeats its <group>.name; bundle groups aside
 ALL_RUNS = "all runs"  # context label when there is no other varied axis

@@ -62,7 +62,10 @@ when the non-embedding parameter count differs between the values of a varied ``
 (``--multirun model=tiny,small,medium``). Arms are the combinations of the other varied keys, leaving out the
 seed, the ``ladder.*`` keys, the keys a rung sets (SIZE_KEYS) and any key that takes one value per rung. When
 ``optim.lr`` varies within an (arm, rung), that cell's runs at the LR with the lowest mean final loss over
-seeds are used (``RungData.lr``). Only completed runs with a finite loss and compute are fitted; the others
+seeds are used (``RungData.lr``). Keys the runs name in ``ladder.tune`` (μP's base multipliers, where one value
+tuned at rung 0 does not transfer along the ladder) are tuned the same way: they are no arm, and each cell is
+represented by its runs at the setting (those keys and the LR) with the lowest mean final loss
+(``RungData.setting``). Only completed runs with a finite loss and compute are fitted; the others
 become warnings.
 
 The fit. Every selected run is a point (a seed is a point, as in Hoffmann et al.). Compute is divided by a
@@ -163,6 +166,7 @@ LADDER_PARAMS_KEY = "ladder.params"  # the N a budget is a multiple of: non_embe
 FIT_KEY = "ladder.fit"  # the form the claims use (lm_ablate/validation.py FIT_FORMS)
 BUDGET_KEY, BUDGETS_KEY = "ladder.budget", "ladder.budgets"
 FIT_BUDGETS_KEY = "ladder.fit_budgets"  # the budgets whose cells the fits use (null: every budget)
+TUNE_KEY = "ladder.tune"  # keys besides the LR that each cell takes its best value of (lm_ablate/validation.py)
 DATA_PREFIX = "data."
 DATA_BOOKKEEPING = ("data.cache_dir", "data.num_proc")  # where data are cached, not what they are
 
@@ -220,6 +224,7 @@ class RungData:
     computes: np.ndarray  # C of each fitted run
     lr: float | None = None  # the chosen LR when optim.lr varies within the cell
     lr_grid: list[float] = field(default_factory=list)
+    setting: dict[str, Any] = field(default_factory=dict)  # the chosen value of each ladder.tune key
     n_runs: int = 0  # every run of the cell, fitted or not
     budget: float = 1.0  # multiple of tokens_per_param x N (ladder.budget; 1 without ladder.budgets)
     tokens: float = math.nan  # median D of the fitted runs
@@ -340,6 +345,7 @@ class ScalingStudy:
     confidence: float
     delta: float
     rung_labels: dict[int, str] = field(default_factory=dict)  # rung -> identifier (index or size-axis value)
+    tuned: list[str] = field(default_factory=list)  # ladder.tune keys each cell took its best value of
     forms: dict[str, FormFit] = field(default_factory=dict)  # every form (analysis/compute/scaling_forms.py)
     form_multipliers: dict[str, list[Multiplier]] = field(default_factory=dict)
     form_curves: dict[str, list[MultiplierCurve]] = field(default_factory=dict)
@@ -348,7 +354,8 @@ class ScalingStudy:
     same_data: bool = True  # every arm trained on the same data with the same tokenizer
     budgets: list[float] = field(default_factory=list)  # the budgets of the cells (several: WSD-S)
     fit_budgets: list[float] | None = None  # ladder.fit_budgets: the budgets the fits use (None: every budget)
-    set_at_report: tuple[str, ...] = ()  # the fit keys the report set over the runs' values (--fit, --fit-budgets)
+    set_at_report: tuple[str, ...] = ()  # the fit keys the report set over the runs' values (--fit, --fit-budgets,
+    # --tune)
     params_key: str = "non_embedding"  # ladder.params: the N of budgets and of L(N, D)
     rankings: list[RungRanking] = field(default_factory=list)
     tasks: Any = None  # analysis.compute.task_scaling.TaskStudy, when the runs have downstream metrics
@@ -464,7 +471,8 @@ class ScalingStudy:
              "mean_loss": r.mean_loss, "min_loss": float(np.min(r.losses)), "max_loss": float(np.max(r.losses)),
              "fit_loss": float(a.fit.loss(r.compute)) if a.fit else math.nan,
              "chosen_fit_loss": self.chosen_loss(i, r),
-             "lr": r.lr if r.lr is not None else math.nan, "run_ids": " ".join(r.run_ids)}
+             "lr": r.lr if r.lr is not None else math.nan,
+             **{f"tuned.{k}": r.setting.get(k) for k in self.tuned}, "run_ids": " ".join(r.run_ids)}
             for i, a in enumerate(self.arms) for r in a.cells
         ]  # fmt: skip
         return pd.DataFrame(rows)
@@ -615,6 +623,7 @@ class _Design:
     arm_axes: list[Axis]
     lr_grid: bool
     warnings: list[ScalingWarning]
+    tuned: list[str] = field(default_factory=list)  # ladder.tune keys that vary within the arms
 
 
 def _is_int(v: Any) -> bool:
@@ -633,7 +642,7 @@ def _params(rs: RunSet) -> dict[str, float]:
     return {r: total[r] if rs.configs.get(r, {}).get(LADDER_PARAMS_KEY) == "total" else n for r, n in non_emb.items()}
 
 
-def _design(rs: RunSet) -> _Design | None:
+def _design(rs: RunSet, tune: Sequence[str] | None = None) -> _Design | None:
     axes, varied, _, _ = find_axes(rs)
     warnings: list[ScalingWarning] = []
     run_ids = list(rs.configs)
@@ -679,9 +688,24 @@ def _design(rs: RunSet) -> _Design | None:
     size_keys |= {k for k in varied if is_candidate(k) and _constant_within(rs, k, rung_of)}
     # an LR that follows the arm (each arm its own LR, e.g. tuned per arm for ladder.lr=mup) belongs to the arm;
     # an LR axis of its own is a grid to pick each cell's best from
-    arm_axes = [a for a in axes if not set(a.keys) & size_keys and a.name != LR_KEY]
+    # so is a key the runs name in ladder.tune (an axis of such keys alone; one that follows the arm stays in it)
+    named = set(tune) if tune is not None else {k for r in run_ids for k in _key_list(rs.configs[r].get(TUNE_KEY))}
+    tuned = sorted(named & set(varied) - size_keys)
+    arm_axes = [a for a in axes if not set(a.keys) & size_keys and a.name != LR_KEY and not set(a.keys) <= set(tuned)]
     lr_grid = LR_KEY in varied and LR_KEY not in size_keys and not any(LR_KEY in a.keys for a in arm_axes)
-    return _Design(size, sorted(size_keys), rung_of, label, arm_axes, lr_grid, warnings)
+    tuned = [k for k in tuned if not any(k in a.keys for a in arm_axes)]
+    return _Design(size, sorted(size_keys), rung_of, label, arm_axes, lr_grid, warnings, tuned)
+
+
+def _key_list(value: Any) -> list[str]:
+    """A recorded list of keys (ladder.tune: a list, or its JSON text in a flattened config); a run that predates
+    the key has none."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return []
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else []
 
 
 def _arm_label(cfg: dict[str, Any], axes: list[Axis]) -> str:
@@ -728,15 +752,17 @@ def scaling_study(
     fit: str | None = None,
     fit_budgets: Sequence[float] | None = None,
     every_budget: bool = True,
+    tune: Sequence[str] | None = None,
 ) -> ScalingStudy | None:
     """Fits, intervals, held-out checks and compute multipliers of every arm, or None when the runs do not
     vary model size. ``baseline`` is the report's ``--baseline KEY=VALUE`` (default: the arm of the first
     run launched). ``fit`` and ``fit_budgets`` (the report's ``--fit`` and ``--fit-budgets``) replace the runs'
     ``ladder.fit`` and ``ladder.fit_budgets``: a ladder refitted without training again. Where those budgets leave
     some out, ``every_budget`` also refits the chosen form on every budget (``study.every_budget``: the window's
-    sensitivity check; its own rankings and task fits are not computed). Raises
+    sensitivity check; its own rankings and task fits are not computed). ``tune`` (the report's ``--tune``) replaces
+    the runs' ``ladder.tune``. Raises
     :class:`AnalysisError` for a baseline value no run has, or a form or budgets these runs cannot fit."""
-    design = _design(rs)
+    design = _design(rs, tune)
     if design is None:
         return None
     warnings = list(design.warnings)
@@ -789,10 +815,12 @@ def scaling_study(
         design.size, design.size_keys, [a.name for a in design.arm_axes], base, arms, [], [],
         warnings, design.lr_grid, n_boot, confidence, delta, design.rung_label,
     )  # fmt: skip
+    study.tuned = design.tuned
     study.same_data = _same_data(rs, placed, arm_of)
     study.budgets = sorted({r.budget for a in arms for r in a.cells})
     study.fit_budgets = fitted
-    study.set_at_report = (*(["--fit"] if fit is not None else []), *(["--fit-budgets"] if fit_budgets else []))
+    study.set_at_report = (*(["--fit"] if fit is not None else []), *(["--fit-budgets"] if fit_budgets else []),
+                           *(["--tune"] if tune is not None else []))  # fmt: skip
     study.params_key = _one_value(rs, placed, LADDER_PARAMS_KEY, "non_embedding")
     requested = fit if fit is not None else _one_value(rs, placed, FIT_KEY, "auto")
     _fit_forms(study, draws, requested, "--fit" if fit is not None else FIT_KEY)
@@ -808,7 +836,7 @@ def scaling_study(
     if fitted is not None and len(fitted) < len(trained) and study.chosen is not None:
         try:  # the same form on every cell the window left out (stalled cells stay out, as in every fit)
             study.every_budget = scaling_study(rs, baseline, n_boot, seed, delta, confidence, fit=study.chosen,
-                                               fit_budgets=trained, every_budget=False)  # fmt: skip
+                                               fit_budgets=trained, every_budget=False, tune=tune)  # fmt: skip
         except AnalysisError:  # that form cannot be fitted on every budget: no check to show
             study.every_budget = None
     return study
@@ -915,22 +943,31 @@ def _cell(
             ok.append(r)
     if not ok:
         return None
-    lr, grid = None, []
-    if design.lr_grid:
-        by_lr: dict[float, list[str]] = {}
+    lr, grid, setting = None, [], {}
+    if design.lr_grid or design.tuned:
+        # each setting of the tuned keys and the LR; the cell takes the one with the lowest mean loss over seeds
+        def tuned(r: str) -> tuple:
+            return tuple(rs.configs[r].get(k) for k in design.tuned)
+
+        def lr_of(r: str) -> float:
+            return _num(rs.configs[r][LR_KEY]) if design.lr_grid else 0.0
+
+        by_setting: dict[tuple, list[str]] = {}
         for r in ok:
-            by_lr.setdefault(_num(rs.configs[r][LR_KEY]), []).append(r)
-        grid = sorted({_num(rs.configs[r][LR_KEY]) for r in members})
-        lr = min(by_lr, key=lambda v: (float(np.mean([loss[r] for r in by_lr[v]])), v))
-        ok = by_lr[lr]
-        if len(grid) > 1 and lr in (grid[0], grid[-1]):
-            warnings.append(ScalingWarning(W_LR_AT_EDGE, arm, rung, lr, param=f"{budget:g}"))
+            by_setting.setdefault((tuned(r), lr_of(r)), []).append(r)
+        best = min(by_setting, key=lambda v: (float(np.mean([loss[r] for r in by_setting[v]])), v[1],
+                                              [value_order(x) for x in v[0]]))  # fmt: skip
+        ok, setting = by_setting[best], dict(zip(design.tuned, best[0]))
+        if design.lr_grid:  # the LR grid of the chosen setting of the other keys
+            lr, grid = best[1], sorted({lr_of(r) for r in members if tuned(r) == best[0]})
+            if len(grid) > 1 and lr in (grid[0], grid[-1]):
+                warnings.append(ScalingWarning(W_LR_AT_EDGE, arm, rung, lr, param=f"{budget:g}"))
     c = np.array([compute[r] for r in ok])
     p = [params.get(r, math.nan) for r in ok]
     seeds = [rs.configs[r].get(M.SEED) for r in ok]
     return RungData(
         rung, design.rung_label[rung], float(np.median(c)), float(np.nanmedian(p)) if np.isfinite(p).any() else math.nan,
-        ok, seeds, np.array([loss[r] for r in ok]), c, lr, grid, len(members),
+        ok, seeds, np.array([loss[r] for r in ok]), c, lr, grid, setting, len(members),
         losses_by_seed={str(sd): loss[r] for sd, r in zip(seeds, ok)}, budget=budget,
     )  # fmt: skip
 

@@ -119,10 +119,17 @@ def loss_compute_figure(study: ScalingStudy) -> PlotFigure | None:
         + (" and budget" if len(study.budgets) > 1 else "")
         + f"; solid: {what} over the arm's rungs; dashed: the same beyond the largest rung, up to "
         f"{max(EXTRAPOLATE):g}× its compute; open diamonds: the losses predicted for the largest rung by a fit "
-        "without it."
-        + (" Only each (arm, rung)'s runs at its best learning rate are drawn." if study.lr_selected else "")
+        "without it." + _drawn(study)
     )
     return PlotFigure("scaling_loss-vs-compute", title, caption, png_bytes(fig))
+
+
+def _drawn(study: ScalingStudy) -> str:
+    """Which runs of a cell the figure draws: those at its best LR and ladder.tune setting, when chosen."""
+    if study.tuned:
+        lr = " and the learning rate" if study.lr_selected else ""
+        return f" Only each (arm, rung)'s runs at its best setting of {', '.join(study.tuned)}{lr} are drawn."
+    return " Only each (arm, rung)'s runs at its best learning rate are drawn." if study.lr_selected else ""
 
 
 def multiplier_figure(study: ScalingStudy) -> PlotFigure | None:

@@ -42,6 +42,7 @@ from analysis.compute.scaling import (
 from analysis.present.document import Block, Bullets, Details, Fig, Heading, Para, Table
 from analysis.present.figures.scaling import scaling_figures
 from analysis.present.format import cm_text, fixed, number, pct, sci, with_interval
+from analysis.sources.values import override_text
 
 SCALING_CSV = "scaling"  # one row per arm: fit, intervals, held-out check, compute multipliers
 SCALING_RUNGS_CSV = "scaling_rungs"  # one row per (arm, rung, budget): the points each fit saw
@@ -208,7 +209,8 @@ def _rung_table(study: ScalingStudy) -> Table:
     n_name = "non-emb. params" if study.params_key == "non_embedding" else "params (total)"
     chosen = f"{study.chosen} fit at C" if study.chosen else "chosen fit"
     headers = ["arm", "rung", *(["budget"] if several else []), n_name, "compute C", "runs", "fitted", "stalled",
-               "mean loss", "min–max", "own fit at C", chosen, *(["learning rate"] if study.lr_selected else [])]  # fmt: skip
+               "mean loss", "min–max", "own fit at C", chosen, *(["learning rate"] if study.lr_selected else []),
+               *study.tuned]  # fmt: skip
     rows = []
     for i, a in enumerate(study.arms):
         for r in a.cells:
@@ -220,6 +222,7 @@ def _rung_table(study: ScalingStudy) -> Table:
             if study.lr_selected:
                 grid = " ".join(f"{v:g}" for v in r.lr_grid)
                 row.append(f"{r.lr:g} (of {grid})" if r.lr is not None else "–")
+            row += [override_text(r.setting.get(k)) if k in r.setting else "–" for k in study.tuned]
             rows.append(row)
     first = 3 if several else 2
     return Table(headers, rows, frozenset(range(first, first + 10)))
@@ -402,6 +405,14 @@ def _intro(study: ScalingStudy) -> str:
             " The learning rate varies within (arm, rung) cells: each cell is represented by its runs at the "
             "learning rate with the lowest mean final loss over seeds. The choice is made once, on the same runs "
             "the fit then reads (not redone per resample), so each cell's loss is biased slightly low by the pick."
+        )
+    if study.tuned:
+        keys = ", ".join(study.tuned)
+        text += (
+            f" {keys} ({'set at report time (--tune)' if '--tune' in study.set_at_report else 'ladder.tune'}) varies "
+            "within the arms: it is tuned, not compared; each cell is represented by "
+            f"its runs at the setting of {keys}{' and the learning rate' if study.lr_selected else ''} with the "
+            "lowest mean final loss over seeds (the rung table shows the setting chosen)."
         )
     return text
 
