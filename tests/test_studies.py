@@ -50,8 +50,8 @@ NO_CLAIMS = {"lr_transfer_base", *BASE_OF.values()}
 LOSS_METRICS = {"final_val_loss", "best_val_loss", "capped_val_loss", "val_loss_at_context", "extrapolation_gap"}
 LR_KEYS = ("optim.lr", "lr_mult")
 # the issues ask >= 3 seeds per point, except the maps over a grid: lr_transfer (widths x LRs x sp/mup),
-# prepost_map (depth x LR x pre/post) and the ladders (rungs x LRs x 4 budgets: the μP ladders tune at rung 0 on 2
-# seeds and train every rung at the transferred LR on 3; ladder_optimizer's per-rung grid on 2), >= 2
+# prepost_map (depth x LR x pre/post) and the ladders (rungs x LRs x 4 budgets: an LR grid per arm at every rung,
+# each LR on 2 or 3 seeds), >= 2
 LADDERS = {"ladder_activation", "ladder_arch", "ladder_optimizer"}
 MIN_SEEDS = {"lr_transfer": 2, "prepost_map": 2, **dict.fromkeys(["lr_transfer_base", *BASE_OF.values(), *LADDERS], 2)}
 
@@ -229,11 +229,12 @@ def test_a_ladders_committed_fits_read_its_declared_fit_window_and_show_every_bu
 
 @pytest.mark.parametrize("study", sorted(LADDERS))
 def test_ladders_fit_each_arm_and_rung_at_its_best_lr_over_several_budgets(study):
-    """Issue 26: a ladder's claims are decided on each (arm, rung, budget) at its best LR (ladder.lr=grid over
-    at least two LRs x2 apart) or at an LR tuned per arm at rung 0 and transferred by μP (ladder.lr=mup: a grid
-    of 3+ LRs spanning 4x+ at rung 0, one LR at each wider rung, inside that grid; or, where the best LR moves with
-    the rung as Muon's does, a grid of 3+ LRs spanning 4x+ at every rung, every LR on the same seeds), with
-    warm-up, and one WSD run per rung gives three or more token budgets."""
+    """Issue 26: a ladder's claims are decided on each (arm, rung, budget) at its best LR: ladder.lr=grid over at
+    least two LRs x2 apart, or under μP (ladder.lr=mup) a grid of 3+ LRs spanning 4x+ for every arm at every rung,
+    every LR on the same seeds. μP transfers the LR across widths at a fixed token count; a ladder grows the tokens
+    with the width, and one LR tuned at rung 0 and transferred missed each arm's best at the wider rungs (Llama's
+    best fell 2x, GPT-2's rose 2x or more, Muon's fell 4x: docs/ladders.md). With warm-up, and one WSD run per
+    rung gives three or more token budgets."""
     spec = experiment(study)
     (ladder,) = [d["override /ladder"] for d in spec["defaults"] if isinstance(d, dict) and "override /ladder" in d]
     rule = spec["ladder"].get("lr") or yaml.safe_load((ROOT / "conf" / "ladder" / f"{ladder}.yaml").read_text())[
@@ -244,17 +245,13 @@ def test_ladders_fit_each_arm_and_rung_at_its_best_lr_over_several_budgets(study
         assert len(grid) >= 2 and grid[-1] / grid[0] >= 2, (study, grid)
     else:
         assert ladder == "cpu_mup"  # a width-only ladder: μP's condition (conf/ladder/cpu_mup.yaml)
+        rungs = yaml.safe_load((ROOT / "conf" / "ladder" / f"{ladder}.yaml").read_text())["ladder"]["rungs"]
         for arm, grid in mup_rung_grids(study).items():
-            base = sorted(grid[0])
-            assert len(base) >= 3 and base[-1] / base[0] >= 4 and {"0", "1"} <= set(grid[0][base[0]]), (arm, base)
-            if study in per_rung_grid_ladders():
-                for rung, lrs in grid.items():
-                    assert len(lrs) >= 3 and max(lrs) / min(lrs) >= 4, (arm, rung, sorted(lrs))
-                    assert len({tuple(sorted(seeds)) for seeds in lrs.values()}) == 1, (arm, rung, lrs)
-                continue
-            assert all(len(lrs) == 1 for rung, lrs in grid.items() if rung), (arm, grid)
-            (transferred,) = {lr for rung, lrs in grid.items() if rung for lr in lrs}
-            assert base[0] < transferred < base[-1], (arm, transferred, base)  # inside the rung-0 grid
+            assert sorted(grid) == list(range(len(rungs))), (arm, sorted(grid))
+            for rung, lrs in grid.items():
+                assert len(lrs) >= 3 and max(lrs) / min(lrs) >= 4, (arm, rung, sorted(lrs))
+                assert len({tuple(sorted(seeds)) for seeds in lrs.values()}) == 1, (arm, rung, lrs)
+                assert {"0", "1"} <= set(next(iter(lrs.values()))), (arm, rung, lrs)
     budgets = spec["ladder"]["budgets"]
     assert len(budgets) >= 3 and budgets == sorted(budgets) and spec["optim"]["schedule"] == "wsd"
     assert all(c["metric"] == "compute_multiplier" for c in spec["claims"])
@@ -281,34 +278,7 @@ def mup_ladders() -> list[str]:
     return out
 
 
-def per_rung_grid_ladders() -> list[str]:
-    """The μP ladders whose sweep tunes an arm at a wider rung too (more than one LR there), instead of transferring
-    rung 0's best (ladder_optimizer: Muon's best LR falls with the token horizon)."""
-    return [study for study in mup_ladders()
-            if any(len(lrs) > 1 for grid in mup_rung_grids(study).values() for rung, lrs in grid.items() if rung)]  # fmt: skip
-
-
-@pytest.mark.parametrize("study", sorted(set(mup_ladders()) - set(per_rung_grid_ladders())))
-def test_a_mup_ladder_transfers_each_arms_best_rung_0_lr(study):
-    """A μP ladder (ladder_activation, ladder_arch): the LR each arm trains at every wider rung is the best of its
-    rung-0 grid at the largest budget in the gallery's run (results/<study>/lr_sweep.csv, mean final loss over
-    seeds), inside the grid, so the transfer rests on the study's own data."""
-    import pandas as pd
-
-    grids = mup_rung_grids(study)
-    table = pd.read_csv(ROOT / "results" / study / "lr_sweep.csv")
-    best = {}
-    for _, row in table.iterrows():
-        values = dict(part.split("=", 1) for part in str(row["context"]).split(", "))
-        if values["ladder.rung"] == "0" and values["ladder.budget"] == "null":
-            (arm,) = [v for v in values.values() if v in grids]  # the arm's name (activation.name=, arch=)
-            best[arm] = float(row["best_lr"])
-            assert not row["best_at_edge"] and int(row["n_lrs"]) >= 3, row["context"]
-    transferred = {arm: {lr for rung, lrs in grid.items() if rung for lr in lrs} for arm, grid in grids.items()}
-    assert set(best) == set(grids) and {arm: {lr} for arm, lr in best.items()} == transferred
-
-
-@pytest.mark.parametrize("study", per_rung_grid_ladders())
+@pytest.mark.parametrize("study", mup_ladders())
 def test_a_per_rung_grid_ladder_brackets_each_arms_best_lr_at_every_rung(study):
     """Each (arm, rung, budget) cell of the gallery's run (results/<study>/lr_sweep.csv): the best LR (mean final
     loss over the seeds) lies inside the rung's grid, so no cell a fit reads is taken at a grid's edge (a budget is

@@ -697,15 +697,20 @@ def _design(rs: RunSet, tune: Sequence[str] | None = None) -> _Design | None:
     return _Design(size, sorted(size_keys), rung_of, label, arm_axes, lr_grid, warnings, tuned)
 
 
-def _key_list(value: Any) -> list[str]:
-    """A recorded list of keys (ladder.tune: a list, or its JSON text in a flattened config); a run that predates
-    the key has none."""
+def _recorded_list(value: Any) -> list | None:
+    """A list a run recorded (a list, or its JSON text in a flattened config); None for null, a run that predates
+    the key, or text that is no list."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError:
-            return []
-    return [str(v) for v in value] if isinstance(value, (list, tuple)) else []
+            return None
+    return list(value) if isinstance(value, (list, tuple)) else None
+
+
+def _key_list(value: Any) -> list[str]:
+    """A recorded list of keys (ladder.tune); none for a run that predates the key."""
+    return [str(v) for v in _recorded_list(value) or []]
 
 
 def _arm_label(cfg: dict[str, Any], axes: list[Axis]) -> str:
@@ -877,15 +882,9 @@ def _fit_budgets(
 
 
 def _budget_list(value: Any) -> tuple[float, ...] | None:
-    """A recorded list of budgets (a list, or its JSON text in a flattened config) as floats; None for null."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return None
-    if isinstance(value, (list, tuple)):
-        return tuple(float(_num(v)) for v in value)
-    return None
+    """A recorded list of budgets as floats; None for null."""
+    values = _recorded_list(value)
+    return None if values is None else tuple(float(_num(v)) for v in values)
 
 
 def _budget(cfg: dict[str, Any]) -> float:
