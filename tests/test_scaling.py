@@ -370,6 +370,27 @@ def test_model_sweep_without_ladder_key_and_per_cell_lr_grid(tmp_path):
     assert S.scaling_study(load_runs(heads)) is None
 
 
+def test_a_seed_run_at_one_lr_only_does_not_move_a_cells_pick(tmp_path):
+    """A third seed run at a cell's best LR only (the ladders' sweeps add one there): the cell is picked on
+    seed-adjusted means (loss = LR effect + seed effect, the LR table's rule), so a poor draw of the extra seed
+    cannot hand the pick to an LR it never ran; the cell then fits all three seeds of its LR. Planted: 3e-3 beats
+    1e-3 by 0.5% on seeds 0 and 1; seed 2, 3% worse than the others at any LR, ran at 3e-3 only (its plain mean,
+    +1%, would lose to 1e-3)."""
+    job = 0
+    for arm in ARMS:
+        for k in range(4):
+            for lr, seeds in ((1e-3, (0, 1)), (3e-3, (0, 1, 2))):
+                for s in seeds:
+                    loss = law(compute(k)) * (1.005 if lr == 1e-3 else 1.0) * (1.03 if s == 2 else 1 + 0.001 * s)
+                    write_one(tmp_path, job, arm, k, s, loss, lr=lr)
+                    job += 1
+    st = study_of(tmp_path, n_boot=50)
+    for a in st.arms:
+        assert [r.lr for r in a.rungs] == [3e-3] * 4, a.arm
+        assert all(sorted(r.seeds) == [0, 1, 2] and r.n_runs == 5 for r in a.rungs), a.arm
+    assert set(st.rung_table["lr"]) == {3e-3}
+
+
 def test_an_lr_that_follows_the_arm_is_part_of_the_arm_not_a_grid(tmp_path):
     """ladder.lr=mup with each arm at the LR tuned for it at rung 0 (ladder_activation: GELU 2.4e-2, SwiGLU 6e-3):
     the LR splits the runs exactly as the arm does, so it is the arm's (not a grid to pick from, not a reason to

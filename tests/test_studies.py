@@ -231,7 +231,8 @@ def test_a_ladders_committed_fits_read_its_declared_fit_window_and_show_every_bu
 def test_ladders_fit_each_arm_and_rung_at_its_best_lr_over_several_budgets(study):
     """Issue 26: a ladder's claims are decided on each (arm, rung, budget) at its best LR: ladder.lr=grid over at
     least two LRs x2 apart, or under μP (ladder.lr=mup) a grid of 3+ LRs spanning 4x+ for every arm at every rung,
-    every LR on the same seeds. μP transfers the LR across widths at a fixed token count; a ladder grows the tokens
+    every LR on seeds 0 and 1 (a further seed may run at a rung's best LRs only: the fits pick each cell on
+    seed-adjusted means, analysis/compute/scaling.py). μP transfers the LR across widths at a fixed token count; a ladder grows the tokens
     with the width, and one LR tuned at rung 0 and transferred missed each arm's best at the wider rungs (Llama's
     best fell 2x, GPT-2's rose 2x or more, Muon's fell 4x: docs/ladders.md). With warm-up, and one WSD run per
     rung gives three or more token budgets."""
@@ -250,8 +251,7 @@ def test_ladders_fit_each_arm_and_rung_at_its_best_lr_over_several_budgets(study
             assert sorted(grid) == list(range(len(rungs))), (arm, sorted(grid))
             for rung, lrs in grid.items():
                 assert len(lrs) >= 3 and max(lrs) / min(lrs) >= 4, (arm, rung, sorted(lrs))
-                assert len({tuple(sorted(seeds)) for seeds in lrs.values()}) == 1, (arm, rung, lrs)
-                assert {"0", "1"} <= set(next(iter(lrs.values()))), (arm, rung, lrs)
+                assert all({"0", "1"} <= set(seeds) for seeds in lrs.values()), (arm, rung, lrs)
     budgets = spec["ladder"]["budgets"]
     assert len(budgets) >= 3 and budgets == sorted(budgets) and spec["optim"]["schedule"] == "wsd"
     assert all(c["metric"] == "compute_multiplier" for c in spec["claims"])

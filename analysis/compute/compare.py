@@ -449,7 +449,7 @@ def selection_means(finals: dict[float, list[tuple[float, float]]]) -> tuple[dic
     if not ran or any(not math.isfinite(s) for seeds in ran for s in seeds) or all(r == ran[0] for r in ran):
         return plain, False
     cells = [(lr, s, v) for lr, pairs in finals.items() for s, v in pairs if math.isfinite(v)]
-    lrs = sorted({lr for lr, _, _ in cells})
+    lrs = list(dict.fromkeys(lr for lr, _, _ in cells))  # any hashable keys (an LR, or a setting with it)
     seeds = sorted({s for _, s, _ in cells})
     if not cells:
         return plain, False

@@ -62,7 +62,8 @@ when the non-embedding parameter count differs between the values of a varied ``
 (``--multirun model=tiny,small,medium``). Arms are the combinations of the other varied keys, leaving out the
 seed, the ``ladder.*`` keys, the keys a rung sets (SIZE_KEYS) and any key that takes one value per rung. When
 ``optim.lr`` varies within an (arm, rung), that cell's runs at the LR with the lowest mean final loss over
-seeds are used (``RungData.lr``). Keys the runs name in ``ladder.tune`` (μP's base multipliers, where one value
+seeds are used (``RungData.lr``; seed-adjusted where its LRs ran different seeds, the LR table's rule:
+:func:`analysis.compute.compare.selection_means`). Keys the runs name in ``ladder.tune`` (μP's base multipliers, where one value
 tuned at rung 0 does not transfer along the ladder) are tuned the same way: they are no arm, and each cell is
 represented by its runs at the setting (those keys and the LR) with the lowest mean final loss
 (``RungData.setting``). Only completed runs with a finite loss and compute are fitted; the others
@@ -104,7 +105,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.compute import scaling_forms as SF
-from analysis.compute.compare import LR_KEY, Axis, find_axes, is_candidate, parse_baseline
+from analysis.compute.compare import LR_KEY, Axis, find_axes, is_candidate, parse_baseline, selection_means
 from analysis.compute.scaling_forms import FORMS, FormFit, Prediction, lm_huber
 from analysis.compute.stats import paired, welch
 from analysis.compute.task_scaling import task_study
@@ -954,8 +955,12 @@ def _cell(
         by_setting: dict[tuple, list[str]] = {}
         for r in ok:
             by_setting.setdefault((tuned(r), lr_of(r)), []).append(r)
-        best = min(by_setting, key=lambda v: (float(np.mean([loss[r] for r in by_setting[v]])), v[1],
-                                              [value_order(x) for x in v[0]]))  # fmt: skip
+        # the LR table's rule: plain means where every setting ran the same seeds, seed-adjusted where they did
+        # not (a third seed at a cell's best LR only), so a seed's draw cannot move the pick by itself
+        means, _ = selection_means(
+            {v: [(_num(rs.configs[r].get(M.SEED)), loss[r]) for r in ids] for v, ids in by_setting.items()}
+        )
+        best = min(by_setting, key=lambda v: (means[v], v[1], [value_order(x) for x in v[0]]))
         ok, setting = by_setting[best], dict(zip(design.tuned, best[0]))
         if design.lr_grid:  # the LR grid of the chosen setting of the other keys
             lr, grid = best[1], sorted({lr_of(r) for r in members if tuned(r) == best[0]})
