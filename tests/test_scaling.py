@@ -361,6 +361,7 @@ def test_model_sweep_without_ladder_key_and_per_cell_lr_grid(tmp_path):
     assert [r.label for r in st.arms[0].rungs] == [f"model.name={names[k]}" for k in range(4)]
     assert [r.lr for r in st.arms[1].rungs] == [3e-3, 3e-3, 1e-3, 3e-3]
     assert all(r.lr_grid == [1e-3, 3e-3] and r.n_runs == 4 and len(r.run_ids) == 2 for a in st.arms for r in a.rungs)
+    assert not any(r.seed_adjusted for a in st.arms for r in a.rungs)  # every LR ran the same seeds: plain means
     edge = [w for w in st.warnings if w.code == S.W_LR_AT_EDGE]
     assert len(edge) == 8  # a two-value grid: every best LR is at an edge
     # a shape change that leaves the parameter count alone is not a size dimension
@@ -387,8 +388,9 @@ def test_a_seed_run_at_one_lr_only_does_not_move_a_cells_pick(tmp_path):
     st = study_of(tmp_path, n_boot=50)
     for a in st.arms:
         assert [r.lr for r in a.rungs] == [3e-3] * 4, a.arm
-        assert all(sorted(r.seeds) == [0, 1, 2] and r.n_runs == 5 for r in a.rungs), a.arm
+        assert all(sorted(r.seeds) == [0, 1, 2] and r.n_runs == 5 and r.seed_adjusted for r in a.rungs), a.arm
     assert set(st.rung_table["lr"]) == {3e-3}
+    assert "the means are seed-adjusted" in render_markdown(scaling_blocks(st))
 
 
 def test_an_lr_that_follows_the_arm_is_part_of_the_arm_not_a_grid(tmp_path):

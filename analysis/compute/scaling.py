@@ -232,6 +232,7 @@ class RungData:
     stalled: int = 0  # stalled runs among run_ids (then the cell is left out of the fits: ArmFit.left_out)
     unfitted: bool = False  # its budget is not one of ladder.fit_budgets: in no fit (ArmFit.left_out)
     losses_by_seed: dict[Any, float] = field(default_factory=dict)  # seed -> loss (the single-rung ranking)
+    seed_adjusted: bool = False  # its settings ran different seeds: picked on seed-adjusted means
 
     @property
     def mean_loss(self) -> float:
@@ -943,7 +944,7 @@ def _cell(
             ok.append(r)
     if not ok:
         return None
-    lr, grid, setting = None, [], {}
+    lr, grid, setting, adjusted = None, [], {}, False
     if design.lr_grid or design.tuned:
         # each setting of the tuned keys and the LR; the cell takes the one with the lowest mean loss over seeds
         def tuned(r: str) -> tuple:
@@ -957,7 +958,7 @@ def _cell(
             by_setting.setdefault((tuned(r), lr_of(r)), []).append(r)
         # the LR table's rule: plain means where every setting ran the same seeds, seed-adjusted where they did
         # not (a third seed at a cell's best LR only), so a seed's draw cannot move the pick by itself
-        means, _ = selection_means(
+        means, adjusted = selection_means(
             {v: [(_num(rs.configs[r].get(M.SEED)), loss[r]) for r in ids] for v, ids in by_setting.items()}
         )
         best = min(by_setting, key=lambda v: (means[v], v[1], [value_order(x) for x in v[0]]))
@@ -972,7 +973,7 @@ def _cell(
     return RungData(
         rung, design.rung_label[rung], float(np.median(c)), float(np.nanmedian(p)) if np.isfinite(p).any() else math.nan,
         ok, seeds, np.array([loss[r] for r in ok]), c, lr, grid, setting, len(members),
-        losses_by_seed={str(sd): loss[r] for sd, r in zip(seeds, ok)}, budget=budget,
+        losses_by_seed={str(sd): loss[r] for sd, r in zip(seeds, ok)}, budget=budget, seed_adjusted=adjusted,
     )  # fmt: skip
 
 

@@ -406,6 +406,12 @@ def _intro(study: ScalingStudy) -> str:
             "learning rate with the lowest mean final loss over seeds. The choice is made once, on the same runs "
             "the fit then reads (not redone per resample), so each cell's loss is biased slightly low by the pick."
         )
+        if any(r.seed_adjusted for a in study.arms for r in a.rungs):
+            text += (
+                " Where a cell's learning rates ran different seeds (a further seed at its best ones), the means are "
+                "seed-adjusted: loss = LR effect + seed effect by least squares, the LR table's rule, so a seed's "
+                "draw cannot move the pick by itself."
+            )
     if study.tuned:
         keys = ", ".join(study.tuned)
         text += (
