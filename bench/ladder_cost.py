@@ -97,20 +97,16 @@ def main(argv: list[str] | None = None) -> int:
         seeds.setdefault(arm, set()).add(j.get("seed", "0"))
     all_rungs = sorted({r for arm in runs for r in runs[arm]})
     rungs = [0] if a.quick else ([int(r) for r in a.rungs.split(",")] if a.rungs else all_rungs)
+    if not set(rungs) <= set(all_rungs):
+        raise SystemExit(f"--rungs: {a.rungs} names rungs the sweep does not run; allowed: {all_rungs}")
     extra = ["ladder.tokens_per_param=2", "ladder.budgets=null", "ladder.fit_budgets=null"] if a.quick else []
+    # each arm's chain runs every rung at the middle LR of that rung's grid (a run's time hardly depends on it)
+    middle = {arm: {r: sorted(set(lrs[arm][r]), key=float)[len(set(lrs[arm][r])) // 2] for r in rungs} for arm in runs}
 
     header(f"ladder_cost: {a.study}, {len(runs)} arms x rungs {rungs}, one process per arm, 1 thread each")
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(len(runs)) as pool:
         futures = {
-            arm: pool.submit(
-                time_chain,
-                a.study,
-                arm,
-                rungs,
-                {r: sorted(lrs[arm][r], key=float)[len(lrs[arm][r]) // 2] for r in rungs},
-                extra,
-                Path(tmp) / str(i),
-            )  # fmt: skip
+            arm: pool.submit(time_chain, a.study, arm, rungs, middle[arm], extra, Path(tmp) / str(i))
             for i, arm in enumerate(runs)
         }
         times = {arm: f.result() for arm, f in futures.items()}
