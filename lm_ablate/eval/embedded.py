@@ -9,7 +9,10 @@ Othello, the Sonnets, Twelfth Night: text the default runs never train on) and a
    accuracy on the default study's models). They are ordered by (work, position) and permuted with ``numpy.random.default_rng(SEED)``;
    the first ``ITEMS`` are the items, so any prefix (``eval.max_examples``) is a sample of all four works.
 2. The context: the ``CONTEXT_BYTES[task]`` bytes of the work right before the line's first character
-   (newline and indentation included): 8 for the order task (the line's own words decide it: on a default
+   (newline and indentation included), reaching back to the nearest non-whitespace character when those bytes
+   are whitespace only (one item of the order task: a line after a line of spaces), so every context holds
+   text (lm-evaluation-harness refuses a context that is empty once its trailing whitespace moves to the
+   continuation, lm_ablate/eval/scorer.py): 8 for the order task (the line's own words decide it: on a default
    study's pre-LN model 4, 8 and 16 bytes of context give 0.664, 0.676, 0.684, each +- 0.02), 128 for the
    next-line task (what precedes is the point). The continuation: the line's text. The scorer cuts a context from the
    left to fit ``model.context`` (a 128-token byte model sees about 128 - 40 bytes of the longer one).
@@ -97,7 +100,7 @@ def _items(kind: str) -> tuple[Example, ...]:
     items = []
     for index in chosen:
         line = pool[int(index)]
-        context = works[line.work][line.start - CONTEXT_BYTES[kind] : line.start]
+        context = context_before(works[line.work], line.start, CONTEXT_BYTES[kind])
         if kind == "shakespeare_order":
             distractors = shuffles(line.text, rng)
         else:
@@ -106,6 +109,16 @@ def _items(kind: str) -> tuple[Example, ...]:
         choices = [*distractors[:gold], line.text, *distractors[gold:]]
         items.append(Example((context,) * CHOICES, tuple(choices), gold))
     return tuple(items)
+
+
+def context_before(text: str, start: int, size: int) -> str:
+    """The ``size`` characters of ``text`` before ``start``, reaching further back to the nearest character that
+    is not whitespace when those are whitespace only (lm-evaluation-harness refuses an empty context, and a
+    context is scored without its trailing whitespace)."""
+    last = len(text[:start].rstrip()) - 1  # the nearest non-whitespace character before the line
+    if last < 0:
+        raise ValueError(f"no text before offset {start}")
+    return text[min(start - size, last) : start]
 
 
 def shuffles(text: str, rng: np.random.Generator) -> list[str]:
