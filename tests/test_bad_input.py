@@ -688,3 +688,64 @@ def test_help_is_printed_as_written(module: str) -> None:
     out = run_cli([sys.executable, "-m", module, "--help"])
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith(f"usage: python -m {module}") and "%%" not in out.stdout and not out.stderr
+
+
+# ------------------------------------------------------------------------------ a hub that cannot be reached
+NO_HUB = {"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}  # discard port
+
+
+@pytest.mark.parametrize("args", [("data=hf", "data.path=wikitext"), ("eval=olmes",)], ids=["data", "eval"])
+def test_an_unreachable_hub_is_one_line_and_writes_nothing(args, inputs: Inputs, tmp_path: Path) -> None:
+    """A hub dataset with no network (here: offline mode off, the hub's endpoint a port nothing listens on, so
+    the same on a machine with a network) is one line, without huggingface_hub's five retries (~25 s, each line
+    twice) and their log lines, which also left Hydra's train.log in the refused run's folder; no token-cache
+    path is announced for tokens never written."""
+    cache = tmp_path / "cache"
+    if "eval=olmes" in args:  # the training data are cached already: only the tasks need the hub
+        cache = Path(shutil.copytree(inputs.cache, cache))
+    before = {p for p in cache.rglob("*") if p.is_file()}
+    run = tmp_path / "run"
+    out = run_cli([sys.executable, "-m", "lm_ablate.train", "debug=smoke", f"hydra.run.dir={run}",
+                   f"data.cache_dir={cache}", *args], env=NO_HUB)  # fmt: skip
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert out.returncode == 2 and len(lines) == 1, lines
+    key = "data.path='wikitext'" if "data=hf" in args else "eval.tasks.0.path='allenai/ai2_arc'"
+    assert lines[0].startswith(f"lm-ablate: error: {key}") and "hub cannot be reached" in lines[0], lines[0]
+    assert "not in the cache" in lines[0]
+    assert not run.exists(), sorted(run.rglob("*"))
+    assert {p for p in cache.rglob("*") if p.is_file()} == before
+
+
+def test_the_hub_is_asked_once_and_a_refusal_takes_no_retries(tmp_path, monkeypatch) -> None:
+    """lm_ablate.data.hub: one request decides (no back-off), the answer is kept for the process, and a dataset
+    that is not in the cache is HubUnreachable at once, without a log line (which would create Hydra's job log)."""
+    import logging
+    import time
+
+    import datasets
+    from huggingface_hub import constants
+
+    import lm_ablate.data.hub as hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    hub._answer.cache_clear()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger().addHandler(handler)
+    try:
+        tic = time.perf_counter()
+        with pytest.raises(hub.HubUnreachable, match=r"127\.0\.0\.1:9 did not answer.*not in the cache"):
+            hub.load_from_hub("someone/some-dataset", cache_dir=str(tmp_path))
+        assert time.perf_counter() - tic < hub.HUB_TIMEOUT_S
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert [r.getMessage() for r in records if r.levelno >= logging.INFO] == []
+    assert hub._answer.cache_info().misses == 1
+    assert hub.unreachable() is not None and hub._answer.cache_info().hits == 1
+    assert constants.HF_HUB_OFFLINE is False and datasets.config.HF_HUB_OFFLINE is False  # set back
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert hub.unreachable() == "offline mode is set: HF_HUB_OFFLINE or HF_DATASETS_OFFLINE"
+    hub._answer.cache_clear()

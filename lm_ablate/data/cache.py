@@ -188,10 +188,11 @@ class Progress:
         )
         self.bar.update(tokens)
 
-    def close(self, folder: Path) -> None:
+    def close(self, folder: Path, ok: bool = True) -> None:
+        """The bar goes; a fill that took a while says what it wrote and where (a failed one wrote nothing)."""
         self.bar.close()
         seconds = time.perf_counter() - self.start
-        if seconds >= SUMMARY_AFTER_S:
+        if ok and seconds >= SUMMARY_AFTER_S:
             rate = f"{self.tokens / seconds / 1e6:.2f} M tokens/s, {self.chars / seconds / 1e6:.1f} MB/s of text"
             print(
                 f"lm-ablate: tokenized {self.tokens:,} tokens in {seconds:.1f} s ({rate}) -> {folder}", file=sys.stderr
@@ -218,7 +219,7 @@ def fill(source: Any, tokenizer: Any, folder: Path, num_proc: int, pool: bool | 
         for f in files.values():
             f.finish() if ok else f.discard()
         if progress is not None:
-            progress.close(folder)
+            progress.close(folder, ok)
     return {
         "dtype": dtype.name,
         **{f"{split}_tokens": f.tokens for split, f in files.items()},

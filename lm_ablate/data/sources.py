@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from lm_ablate.data.common import DataError, absolute, bad, first_line
+from lm_ablate.data.hub import HubUnreachable, load_from_hub
 from lm_ablate.data.tokenizers import texts_upto
 from lm_ablate.registry import DATASETS
 
@@ -377,23 +378,23 @@ class HFSource(TextSource):
                 raise self._fail(f"could not read the {self.builder} file(s) [{first_line(e)}]") from None
 
     def _hub_rows(self, split: str, key: str) -> Iterator[list[Any]]:
-        import datasets
-
         cfg = self.cfg
         cache = str(absolute(cfg.cache_dir) / "hf")
-        hub = "could not load from the Hugging Face hub (no network?) and no local file of that name exists"
+        hub_why = "could not load from the Hugging Face hub (no network?) and no local file of that name exists"
         if cfg.streaming:
             try:
-                ds = datasets.load_dataset(cfg.path, cfg.hf_config, split=split, streaming=True, cache_dir=cache)
+                ds = load_from_hub(cfg.path, cfg.hf_config, split=split, streaming=True, cache_dir=cache)
+            except HubUnreachable as e:
+                raise self._fail(f"{hub_why} [{e}]") from None
             except ValueError as e:
                 if "split" in str(e).lower():
                     raise bad(key, split, f"no such split in data.path={cfg.path!r} [{first_line(e)}]") from None
-                raise self._fail(f"{hub} [{first_line(e)}]") from None
+                raise self._fail(f"{hub_why} [{first_line(e)}]") from None
             except Exception as e:
-                raise self._fail(f"{hub} [{first_line(e)}]") from None
+                raise self._fail(f"{hub_why} [{first_line(e)}]") from None
             yield from self._column(ds, split)
             return
-        dd = self._downloaded(cache, hub)
+        dd = self._downloaded(cache, hub_why)
         if split not in dd:
             raise bad(key, split, f"no such split in data.path={cfg.path!r}; splits: {', '.join(dd)}")
         ds = dd[split]
@@ -407,15 +408,16 @@ class HFSource(TextSource):
         for batch in ds.select_columns([field]).iter(batch_size=ROWS_PER_BATCH):
             yield batch[field]
 
-    def _downloaded(self, cache: str, hub: str) -> Any:
-        """The DatasetDict, downloaded and prepared once per source (both splits read it)."""
-        import datasets
-
+    def _downloaded(self, cache: str, why: str) -> Any:
+        """The DatasetDict, downloaded and prepared once per source (both splits read it); from the cache alone
+        when the hub does not answer (lm_ablate/data/hub.py: one request, no retries)."""
         if getattr(self, "_dd", None) is None:
             try:
-                self._dd = datasets.load_dataset(self.cfg.path, self.cfg.hf_config, cache_dir=cache)
+                self._dd = load_from_hub(self.cfg.path, self.cfg.hf_config, cache_dir=cache)
+            except HubUnreachable as e:
+                raise self._fail(f"{why} [{e}]") from None
             except Exception as e:
-                raise self._fail(f"{hub} [{first_line(e)}]") from None
+                raise self._fail(f"{why} [{first_line(e)}]") from None
         return self._dd
 
     def _column(self, ds: Any, split: str) -> Iterator[list[Any]]:

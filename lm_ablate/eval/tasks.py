@@ -222,12 +222,19 @@ def hub_rows(spec: Any, where: str, cache_dir: str | None) -> list[tuple[str, Ro
     """Rows of a hub dataset (or a local dataset folder) through ``datasets.load_dataset``."""
     import datasets
 
+    from lm_ablate.data.hub import HubUnreachable, load_from_hub
+
     if not spec.split:
         raise bad(f"{where}.split", spec.split, "a dataset needs the split to score (validation, test)")
     cache = str(Path(cache_dir) / "datasets") if cache_dir else None
+    local = Path(spec.path).expanduser().exists()  # a dataset folder: no hub to ask
     try:
-        data = datasets.load_dataset(spec.path, spec.subset, split=spec.split, cache_dir=cache)
-    except Exception as e:  # offline, unknown name, unknown split: datasets' own first line
+        load = datasets.load_dataset if local else load_from_hub  # hub: one request, not five retries
+        data = load(spec.path, spec.subset, split=spec.split, cache_dir=cache)
+    except HubUnreachable as e:
+        why = f"{e}; offline, a local .jsonl or dataset folder with the hub's fields works"
+        raise bad(f"{where}.path", spec.path, why) from None
+    except Exception as e:  # unknown name, unknown split: datasets' own first line
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         why = lines[0] if lines else type(e).__name__
         raise bad(f"{where}.path", spec.path, f"datasets cannot load it [{why}]") from None
