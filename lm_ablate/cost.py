@@ -125,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
                         help="device of the memory estimate (default: cpu if train.device=cpu, else cuda)")  # fmt: skip
     parser.add_argument("--gpus-per-node", type=int, default=8, help="hsdp's shard size when train.shard_size is null")
-    args, unknown = parser.parse_known_args(argv)
+    # overrides before, between and after the options, as the examples write them (parse_known_args stops
+    # collecting the positional overrides at the first option)
+    args, unknown = parser.parse_known_intermixed_args(argv)
     if unknown:  # a Hydra override may start with ~ or +, never with -
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     given = next((o for o in args.overrides if re.fullmatch(r"\+*world=.*", o)), None)

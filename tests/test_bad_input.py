@@ -749,3 +749,18 @@ def test_the_hub_is_asked_once_and_a_refusal_takes_no_retries(tmp_path, monkeypa
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert hub.unreachable() == "offline mode is set: HF_HUB_OFFLINE or HF_DATASETS_OFFLINE"
     hub._answer.cache_clear()
+
+
+def test_cost_takes_overrides_after_its_options(capsys) -> None:
+    """docs/distributed.md's form, `--world 8` between overrides, was refused (argparse stopped collecting the
+    overrides at the first option); overrides anywhere give the same estimate as overrides first."""
+    from lm_ablate.cost import main
+
+    assert main(["ladder=gpu", "ladder.rung=5", "--world", "8", "train.parallel=fsdp"]) == 0
+    between = capsys.readouterr().out
+    assert "train.parallel=fsdp, 8 ranks" in between and "config            ladder=gpu ladder.rung=5 train." in between
+    assert main(["ladder=gpu", "ladder.rung=5", "train.parallel=fsdp", "--world", "8"]) == 0
+    assert capsys.readouterr().out == between
+    with pytest.raises(SystemExit):  # an unknown option is still argparse's error
+        main(["model=tiny", "--wrold", "2"])
+    assert "unrecognized arguments: --wrold" in capsys.readouterr().err
