@@ -52,6 +52,24 @@ This module is the schema and its checks: :func:`parse_claims` (fields, types, n
 and values the sweep has; called by ``lm_ablate.sweep_check`` before any job starts). Both raise
 :class:`ConfigError` with one line, ``claims[<id>].<field>=<value> is invalid: ...``.
 
+A **basin claim** is about every value of a numeric axis at once (Kaplan et al. 2020, Fig. 5: d_ff / d_model,
+aspect ratio, head dim at a fixed parameter count), each value at its own best LR, its metric relative to the best
+value's in % (analysis/compute/basin.py). It has no arm or baseline; ``margin`` is in percent and ``over`` the
+axis values it speaks of (inclusive; null for an open end)::
+
+      - id: ffn_ratio_basin
+        source: Kaplan et al. 2020, Fig. 5
+        statement: At a fixed parameter count the loss is within 2% of the best over d_ff/d_model 1 to 8.
+        axis: model.ffn_ratio
+        metric: relative_val_loss            # or relative_val_bpb (bits per byte: across tokenizers)
+        expect: within                       # within m% of the best at every value in over
+        margin: 2                            # m, in percent
+        over: [1, 8]                         # [a, b]
+      - ...
+        expect: worse                        # worse by at least m% at every value in over
+        margin: 4
+        over: [20, null]                     # beyond c: [c, null]; below c: [null, c]
+
 METRICS lists what a claim may compare; each name has one function in ``analysis.claims.METRIC_FUNCTIONS``
 (a test checks the two tables agree): adding a metric is an entry here and a function there.
 """
@@ -68,14 +86,16 @@ from lm_ablate import metrics as M
 from lm_ablate.errors import bad
 
 LOWER, HIGHER, EQUAL = "lower", "higher", "equal"
-DIRECTIONS = (LOWER, HIGHER, EQUAL)
+WITHIN, WORSE = "within", "worse"  # basin claims (metrics with MetricSpec.basin)
+DIRECTIONS = (LOWER, HIGHER, EQUAL, WITHIN, WORSE)
 LR_KEY = "optim.lr"
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
 FIELDS = (
     "id", "source", "statement", "axis", "arm", "baseline", "context", "metric", "expect", "margin", "at", "task",
-    "kind", "counts_failures",
+    "kind", "counts_failures", "over",
 )  # fmt: skip
 REQUIRED = ("id", "source", "statement", "axis", "arm", "baseline", "metric", "expect")
+SIDES = ("arm", "baseline")  # required except in a basin claim, which refuses them
 METRIC_FIELDS = ("task", "kind")  # fields only a metric that needs them takes (MetricSpec.needs)
 TASK_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")  # as lm_ablate/eval/tasks.py allows a task name
 
@@ -101,6 +121,7 @@ class MetricSpec:
     at_best_lr: bool = False
     needs: tuple[str, ...] = ()
     at_init: bool = False
+    basin: bool = False  # every value of a numeric axis relative to the best one (expect within | worse; over)
 
 
 METRICS: dict[str, MetricSpec] = {
@@ -158,6 +179,25 @@ METRICS: dict[str, MetricSpec] = {
         pools=(LR_KEY, "model.d_model"),
         at_best_lr=True,
     ),
+    "final_val_bpb": MetricSpec(
+        "bits per byte over the held-out text at the end (val/bpb, summary final_val_bpb; lm_ablate/eval/bpb.py): "
+        "the same text for every tokenizer, so arms with different tokenizers compare on it (runs made before it "
+        "existed have none: untested)"
+    ),
+    "relative_val_loss": MetricSpec(
+        "final validation loss of each value of a numeric axis at its own best LR, relative to the best value's, "
+        "in % (Kaplan et al. 2020, Fig. 5; analysis/compute/basin.py)",
+        pools=(LR_KEY, "choices.lr_mult"),
+        at_best_lr=True,
+        basin=True,
+    ),
+    "relative_val_bpb": MetricSpec(
+        "final validation bits per byte of each value of a numeric axis at its own best LR, relative to the best "
+        "value's, in % (a basin across tokenizers: vocabulary size)",
+        pools=(LR_KEY, "choices.lr_mult"),
+        at_best_lr=True,
+        basin=True,
+    ),
     "downstream": MetricSpec(
         "a downstream task's score at the run's last evaluation, downstream/<task>/<kind> in summary.json "
         "(completed runs; acc and acc_norm: fraction right, higher is better; bpb: bits per byte of the gold "
@@ -171,6 +211,22 @@ METRICS: dict[str, MetricSpec] = {
         at="largest (default), 10x or 100x the largest rung's compute",
     ),
 }
+
+
+# metrics per token of the run's own tokenizer: meaningless between arms with different tokenizers (their tokens
+# differ), refused there in one line that names final_val_bpb (here for an axis that is a tokenizer key; the
+# analysis refuses any claim whose arm and baseline runs differ in tokenizer)
+PER_TOKEN_METRICS = frozenset({
+    "final_val_loss", "best_val_loss", "capped_val_loss", "val_loss_at_context", "extrapolation_gap",
+    "lr_sensitivity", "final_val_loss_at_best_lr", "widest_val_loss_at_best_lr", "compute_multiplier",
+})  # fmt: skip
+TOKENIZER_KEYS = ("data.tokenizer", "data.vocab_size", "data.tokenizer_path", "model.vocab_size")
+
+
+def per_token_refusal(what: str, tokenizers: str) -> str:
+    """The one line that refuses a per-token comparison across tokenizers (``what``: the metric compared)."""
+    return (f"{what} is loss per token, and the tokens differ between {tokenizers}: compare bits per byte over the "
+            "same text instead (claim metric final_val_bpb; val/bpb)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -191,6 +247,7 @@ class Claim:
     # the claim is about failing to train ("... worse, or not at all"): stalled seeds are data points of it, as
     # for a metric about failures (MetricSpec.failures), instead of making it inconclusive
     counts_failures: bool = False
+    over: tuple[float | None, float | None] | None = None  # a basin claim's axis values (an end None: open)
 
     @property
     def spec(self) -> MetricSpec:
@@ -222,6 +279,8 @@ class Claim:
                 out[name] = getattr(self, name)
         if self.counts_failures:
             out["counts_failures"] = True
+        if self.over is not None:
+            out["over"] = list(self.over)
         return out
 
     @property
@@ -259,7 +318,8 @@ def parse_claim(index: int, raw: Any) -> Claim:
     unknown = [k for k in raw if k not in FIELDS]
     if unknown:
         raise bad(f"{where}.{unknown[0]}", raw[unknown[0]], "unknown field; fields: " + ", ".join(FIELDS))
-    missing = [k for k in REQUIRED if k not in raw]
+    basin = isinstance(raw.get("metric"), str) and raw["metric"] in METRICS and METRICS[raw["metric"]].basin
+    missing = [k for k in REQUIRED if k not in raw and not (basin and k in SIDES)]
     if missing:
         raise bad(f"{where}.{missing[0]}", None, "required field is missing; required: " + ", ".join(REQUIRED))
     cid = _text(where, raw, "id")
@@ -271,6 +331,10 @@ def parse_claim(index: int, raw: Any) -> Claim:
     expect = raw["expect"]
     if expect not in DIRECTIONS:
         raise bad(f"{where}.expect", expect, "allowed: " + ", ".join(DIRECTIONS))
+    if basin or expect in (WITHIN, WORSE):
+        return _basin_claim(where, raw, cid, metric, expect)
+    if "over" in raw:
+        raise bad(f"{where}.over", raw["over"], f"only a basin claim (metric {_basin_metrics()}) takes over")
     margin = raw.get("margin")
     if expect == EQUAL:
         ok = isinstance(margin, (int, float)) and not isinstance(margin, bool) and math.isfinite(margin) and margin > 0
@@ -280,6 +344,8 @@ def parse_claim(index: int, raw: Any) -> Claim:
     elif margin is not None:
         raise bad(f"{where}.margin", margin, f"only expect: {EQUAL} takes a margin")
     axis = _text(where, raw, "axis")
+    if metric in PER_TOKEN_METRICS and axis in TOKENIZER_KEYS:
+        raise bad(f"{where}.metric", metric, per_token_refusal(metric, f"the arms of {axis}"))
     arm = _scalar(where, "arm", raw["arm"])
     baseline = _scalar(where, "baseline", raw["baseline"])
     if same_value(arm, baseline):
@@ -308,6 +374,64 @@ def parse_claim(index: int, raw: Any) -> Claim:
         id=cid, source=_text(where, raw, "source"), statement=_text(where, raw, "statement"), axis=axis, arm=arm,
         baseline=baseline, metric=metric, expect=expect, context=tuple(pairs), margin=margin, at=at, task=task,
         kind=kind, counts_failures=counts_failures,
+    )  # fmt: skip
+
+
+def _basin_metrics() -> str:
+    return " | ".join(m for m, spec in METRICS.items() if spec.basin)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _basin_claim(where: str, raw: Mapping[str, Any], cid: str, metric: str, expect: str) -> Claim:
+    """A basin claim (module docstring): metric a basin metric, expect within | worse, margin > 0 (percent), over
+    [a, b] (within: both ends; worse: at least one, the other null for an open end), no arm or baseline."""
+    if not METRICS[metric].basin:
+        raise bad(f"{where}.expect", expect, f"expect: {expect} is for a basin metric ({_basin_metrics()}); "
+                  f"{metric} allows: {LOWER}, {HIGHER}, {EQUAL}")  # fmt: skip
+    if expect not in (WITHIN, WORSE):
+        raise bad(f"{where}.expect", expect, f"metric {metric} allows: {WITHIN}, {WORSE}")
+    for side in SIDES:
+        if side in raw:
+            raise bad(f"{where}.{side}", raw[side], "a basin claim speaks of every axis value in over: no arm or "
+                      "baseline")  # fmt: skip
+    margin = raw.get("margin")
+    if not (_number(margin) and margin > 0):
+        raise bad(f"{where}.margin", margin, f"expect: {expect} needs a margin > 0, in percent (within 2% of the "
+                  "best: margin: 2)")  # fmt: skip
+    over = raw.get("over")
+    shape = "[a, b] (within: both ends; worse: one may be null, [c, null] is beyond c)"
+    if not isinstance(over, (list, tuple)) or len(over) != 2:
+        raise bad(f"{where}.over", over, f"expect: {expect} needs over: {shape}")
+    ends = [None if v is None else v for v in over]
+    if any(v is not None and not _number(v) for v in ends) or all(v is None for v in ends):
+        raise bad(f"{where}.over", list(over), f"must be {shape}, finite numbers")
+    if expect == WITHIN and None in ends:
+        raise bad(f"{where}.over", list(over), "expect: within needs both ends, [a, b]")
+    if None not in ends and not ends[0] < ends[1]:
+        raise bad(f"{where}.over", list(over), "must be [a, b] with a < b")
+    context = raw.get("context") or {}
+    if not isinstance(context, Mapping):
+        raise bad(f"{where}.context", context, "must be a mapping of config keys to values, e.g. {optim.lr: 0.01}")
+    axis = _text(where, raw, "axis")
+    pairs = []
+    for key, value in context.items():
+        if key == axis or key in METRICS[metric].pools:
+            raise bad(f"{where}.context.{key}", value, f"{metric} reads every value of {key}: it cannot be a context")
+        pairs.append((str(key), _scalar(where, f"context.{key}", value)))
+    for name in ("at", *METRIC_FIELDS):
+        if name in raw:
+            raise bad(f"{where}.{name}", raw[name], f"{metric} takes no {name}")
+    counts_failures = raw.get("counts_failures", False)
+    if not isinstance(counts_failures, bool):
+        raise bad(f"{where}.counts_failures", counts_failures, "must be true or false")
+    low, high = (None if v is None else float(v) for v in ends)
+    return Claim(
+        id=cid, source=_text(where, raw, "source"), statement=_text(where, raw, "statement"), axis=axis, arm=None,
+        baseline=None, metric=metric, expect=expect, context=tuple(pairs), margin=float(margin),
+        counts_failures=counts_failures, over=(low, high),
     )  # fmt: skip
 
 
@@ -419,6 +543,9 @@ def check_claims_against_arms(claims: Sequence[Claim], arms: Sequence[Mapping[st
         values = _distinct(a.get(key) for a in arms)
         if len(values) < 2:
             raise bad(f"{where}.axis", claim.axis, f"does not vary in this sweep (every arm has {_show(values)})")
+        if claim.over is not None:
+            _check_basin(claim, where, values)
+            continue
         for name in ("arm", "baseline"):
             value = getattr(claim, name)
             if not any(same_value(value, v) for v in values):
@@ -449,6 +576,22 @@ def check_claims_against_arms(claims: Sequence[Claim], arms: Sequence[Mapping[st
                     claim.task,
                     f"no arm of this sweep evaluates it; eval.tasks: {_show(tasks) or 'none'}",
                 )
+
+
+def in_over(over: tuple[float | None, float | None], x: float) -> bool:
+    """Is axis value ``x`` inside a basin claim's ``over`` (inclusive; a None end is open)?"""
+    low, high = over
+    return (low is None or x >= low or math.isclose(x, low)) and (high is None or x <= high or math.isclose(x, high))
+
+
+def _check_basin(claim: Claim, where: str, values: Sequence[Any]) -> None:
+    """A basin claim's axis has numbers for values, and some of them lie in its ``over``."""
+    if any(not (_number(v) or v == math.inf) for v in values):
+        raise bad(f"{where}.axis", claim.axis, f"a basin needs a numeric axis; values: {_show(values)}")
+    assert claim.over is not None
+    if not any(in_over(claim.over, float(v)) for v in values):
+        raise bad(f"{where}.over", list(claim.over), f"no value of {claim.axis} in this sweep lies there; values: "
+                  f"{_show(values)}")  # fmt: skip
 
 
 def task_names(tasks: Any) -> list[str]:

@@ -15,6 +15,9 @@ STEP = "step"
 TRAIN_LOSS = "train/loss"  # cross-entropy only, so arms with and without z-loss compare on the same quantity
 TRAIN_Z_LOSS = "train/z_loss"  # coef * mean(log Z)^2, logged when regularization.z_loss > 0
 VAL_LOSS = "val/loss"  # mean cross-entropy over the held-out split (nats/token)
+# at the end: bits per byte over the held-out text, the same text for every tokenizer (lm_ablate/eval/bpb.py); the
+# metric to compare arms with different tokenizers on (their per-token losses are losses of different tokens)
+VAL_BPB = "val/bpb"
 VAL_LOSS_AT = "val/loss@{k}x"  # at the end: val loss at k times the training context (length extrapolation)
 
 
@@ -90,6 +93,15 @@ GROUP = "group"
 CHOICES = "choices"  # {group: option} from Hydra's runtime choices
 SEED = "seed"
 FINAL_VAL_LOSS = "final_val_loss"
+FINAL_VAL_BPB = "final_val_bpb"  # val/bpb at the end; absent in runs made before it existed, null for data=tokens
+VAL_BPB_BYTES = "val_bpb_bytes"  # UTF-8 bytes of the held-out text val/bpb is over (its denominator / ln 2)
+VAL_BPB_TOKENS = "val_bpb_tokens"  # the tokens the run's tokenizer makes of that text (each one predicted once)
+VAL_BPB_NOTE = "val_bpb_note"  # why a run has no val/bpb (data=tokens: no text; train.val_bpb_bytes=0: off)
+NO_BPB_TEXT = "data=tokens holds token ids, not text"
+NO_BPB_RECORDED = "not recorded (run predates val bits per byte)"  # what analysis says of an old run's val/bpb
+TRAIN_BYTES_PER_TOKEN = "train_bytes_per_token"  # train.max_bytes: UTF-8 bytes of training text per token
+TRAIN_BYTES = "train_bytes"  # train.max_bytes: tokens seen x train_bytes_per_token (the text read, expected)
+TRAIN_FLOPS = "train_flops"  # flops_per_token x tokens seen: the run's training compute C
 BEST_VAL_LOSS = "best_val_loss"
 FINAL_TRAIN_LOSS = "final_train_loss"
 GRAD_NORM_SPIKES = "grad_norm_spikes"
@@ -99,6 +111,8 @@ THROUGHPUT_COLD_STEPS = "throughput_cold_steps"  # how many steps that leaves ou
 FIRST_STEP_S = "first_step_s"  # wall time of the run's first step (lazy initialisation; compilation too)
 COMPILE_TIME_S = "compile_time_s"  # train.compile: the first step's time minus a warm step's (cold compile)
 FLOPS_PER_TOKEN = "flops_per_token"  # training FLOPs per token (lm_ablate.model.model_cost)
+SHAPE = "shape"  # shape=iso: {target_params, params_non_embedding, params_total, relative_error, d_model, n_layers,
+# n_heads, head_dim, d_ff, ffn_ratio, aspect, attn_ratio, flops_per_token} (lm_ablate/shape.py); absent otherwise
 OPTIMIZER_PARAMS = "optimizer_params"  # {optimizer: [parameter names]}: which parameters each one updates
 MEAN_MFU = "mean_mfu"
 PEAK_FLOPS = "peak_flops"
@@ -119,9 +133,21 @@ DIVERGED_AT = "diverged_at_step"
 SKIPPED_STEPS = "skipped_steps"  # updates dropped for a non-finite loss/grad norm (train.divergence=skip)
 RESUMED_FROM = "resumed_from_step"  # steps of each resume, in order
 ERROR = "error"
+WEIGHT_DECAY = "weight_decay"  # the run's lambda: regularization.weight_decay, or derived from optim.wd_timescale
+WD_TIMESCALE = "wd_timescale"  # tau/T = 1 / (optim.lr x lambda x steps) (Wang & Aitchison 2024); Infinity for lambda 0
 DOWNSTREAM_EVAL_S = "downstream_eval_s"  # mean wall seconds of one downstream evaluation (all tasks)
 DOWNSTREAM_EVALS = "downstream_evals"  # how many downstream evaluations the run made
 DOWNSTREAM_EXAMPLES = "downstream_examples"  # {task: examples scored per evaluation}
+# what decides a run's digits besides its config (lm_ablate/provenance.py): this session's values
+TORCH_VERSION = "torch_version"  # torch.__version__
+CPU_CAPABILITY = "cpu_capability"  # torch.backends.cpu.get_cpu_capability(): the kernels ATen dispatches to
+THREADS = "threads"  # torch.get_num_threads() while training
+DEVICE = "device"  # cpu | cuda | mps
+CUDA_VERSION = "cuda_version"  # torch.version.cuda (null on CPU)
+CUDNN_VERSION = "cudnn_version"  # torch.backends.cudnn.version() (null on CPU)
+GPU_NAME = "gpu_name"  # torch.cuda.get_device_name (null on CPU)
+PROVENANCE = (TORCH_VERSION, CPU_CAPABILITY, THREADS, DEVICE, CUDA_VERSION, CUDNN_VERSION, GPU_NAME)
+PROVENANCE_EARLIER = "provenance_earlier"  # a resumed run's earlier sessions whose provenance differed, in order
 
 # --- JSON of the run record ------------------------------------------------------------------------------
 # Run records are strict JSON (jq, JavaScript and Go read them): a non-finite float is written as one of these

@@ -109,7 +109,9 @@ class RegularizationConfig:
     embedding_dropout: Optional[float] = None  # on the (position-added) embeddings; None = dropout
     attention_dropout: Optional[float] = None  # on the attention probabilities; None = dropout
     residual_dropout: Optional[float] = None  # on each sublayer output before it joins the stream; None = dropout
-    weight_decay: float = 0.1  # decoupled (AdamW); applied to matrices only unless the flags below say otherwise
+    # decoupled (AdamW); applied to matrices only unless the flags below say otherwise; null: derived from
+    # optim.wd_timescale (lambda = 1 / (optim.lr x tau/T x steps), lm_ablate/optim.py)
+    weight_decay: Optional[float] = 0.1
     decay_embeddings: bool = False  # also decay token/position embedding tables
     decay_norms_and_biases: bool = False  # also decay norm gains and biases (rarely wanted)
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is logged before clipping)
@@ -167,6 +169,9 @@ class OptimConfig:
     schedule: str = "cosine"  # cosine | constant | wsd | inverse_sqrt (after warmup; optim.py)
     min_lr_ratio: Optional[float] = 0.1  # cosine and wsd decay to lr * min_lr_ratio at the last step
     decay_fraction: Optional[float] = 0.2  # wsd: share of the steps spent decaying at the end (Hägele et al. 2024)
+    # adamw, muon, adafactor: weight decay as the EMA timescale tau/T, a fraction of the run (Wang & Aitchison 2024);
+    # sets lambda = 1 / (lr x tau/T x steps) instead of regularization.weight_decay; null = use that; inf = no decay
+    wd_timescale: Optional[float] = None
 
 
 @dataclass
@@ -198,6 +203,10 @@ class TrainConfig:
     max_skipped_steps: int = 20  # with divergence=skip: after this many skipped updates the run is diverged
     spike: SpikeConfig = field(default_factory=SpikeConfig)
     max_tokens: Optional[int] = None  # also stop after this many tokens (equal-token comparisons)
+    # stop after this many UTF-8 bytes of training text, whatever the tokenizer (steps from its measured bytes/token):
+    # arms with different tokenizers read the same text (a vocabulary study); train.max_steps must not cut it short
+    max_bytes: Optional[int] = None
+    val_bpb_bytes: int = 3072  # held-out text of val/bpb, scored at the end (lm_ablate/eval/bpb.py); 0 = off
     max_time_s: Optional[float] = None  # also stop after this much training time (equal-wall-time comparisons)
     grad_accum: int = 1  # micro-batches per optimizer step (batch_size is the global batch and must divide)
     compile: bool = False  # torch.compile the forward + loss (probes, eval and checkpoints use the plain module)
@@ -245,6 +254,27 @@ class LadderConfig:
 
 
 @dataclass
+class ShapeConfig:
+    """An iso-parameter shape (lm_ablate/shape.py): model.d_model, n_layers, n_heads, head_dim and activation.d_ff
+    solved from ratios at a target non-embedding parameter count. ``none``: the model and activation groups'
+    sizes as given (every other key null)."""
+
+    name: str = "none"  # none | iso (conf/shape/)
+    target_params: Optional[float] = None  # iso: N, non-embedding parameters as the run counts them (model_cost)
+    ffn_ratio: Optional[float] = None  # d_ff / d_model (gated too: 8/3 there matches 4 ungated); null = the
+    # activation's own rule (4d, gated 8d/3), or d_ff solved for N when d_model and n_layers are both pinned
+    aspect: Optional[float] = None  # d_model / n_layers, the closest the integers allow
+    attn_ratio: Optional[float] = None  # n_heads x head_dim / d_model (Kaplan's d_attn / d_model); iso: 1
+    head_dim: Optional[int] = None  # held exactly (must divide attn_ratio x d_model)
+    n_heads: Optional[int] = None  # held exactly (instead of head_dim)
+    head_dim_target: Optional[int] = None  # neither held: the head dim is the divisor nearest this; iso: 32
+    d_model: Optional[int] = None  # held
+    n_layers: Optional[int] = None  # held
+    d_ff_multiple: Optional[int] = None  # d_ff is a multiple of this; iso: 1
+    tolerance: Optional[float] = None  # |N - target| / target at most this; iso: 0.02
+
+
+@dataclass
 class EvalTaskConfig:
     """One downstream task (lm_ablate/eval/tasks.py): where its rows come from and how they become examples."""
 
@@ -280,6 +310,7 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     ladder: LadderConfig = field(default_factory=LadderConfig)
+    shape: ShapeConfig = field(default_factory=ShapeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0  # seeds init, data order and dropout; the same seed gives the same curve
     study: str = "default"  # name of the study: W&B group and report title

@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lm_ablate import checkpoint as ckpt
 from lm_ablate import metrics as M
-from lm_ablate import stall
+from lm_ablate import provenance, stall
 from lm_ablate.budgets import Forks, train_branches
 from lm_ablate.config import AXES, CONF_DIR, ConfigError, compose_error_message, to_container, validate
 from lm_ablate.data import check_length, check_vocab_key, get_batch, load_data, record_vocabulary, val_batches
@@ -46,14 +46,16 @@ from lm_ablate.data.common import cache_root
 from lm_ablate.data.unigram import data_levels
 from lm_ablate.distributed import init_distributed
 from lm_ablate.eval import Downstream
+from lm_ablate.eval.bpb import bits_per_byte, held_out_text, text_budget
 from lm_ablate.ladder import apply_rung, check_budget_keys, set_budget
 from lm_ablate.model import TransformerLM, model_cost
-from lm_ablate.optim import build_schedule
+from lm_ablate.optim import build_schedule, resolve_weight_decay, with_weight_decay
 from lm_ablate.options import explicit_keys, settle
 from lm_ablate.parametrization import optimizer_groups, set_lr
 from lm_ablate.perf import check_step_memory, measured_peak_flops, out_of_memory, peak_memory_mb
 from lm_ablate.probes import NO_PROBE, StepProbe
 from lm_ablate.registry import OPTIMIZERS, REGULARIZERS, TRACKERS
+from lm_ablate.shape import apply_shape
 from lm_ablate.sharding import plan as plan_parallel
 from lm_ablate.tracking import LocalRecord, RunInfo, Tracker, Trackers, atomic_write_text
 
@@ -295,6 +297,7 @@ class Trainer:
         # --- checks: nothing is written before all of them pass -------------------------------------------
         self.data = load_data(cfg.data)
         vocab_note = record_vocabulary(cfg, self.data.vocab_size)  # model.vocab_size, in the config recorded below
+        self.shape = apply_shape(cfg, vocab=self.data.vocab_size)  # shape=iso: solved again for this vocabulary
         # the rung's budget: tokens_per_param x budget x N (N needs the vocabulary)
         n_budget = set_budget(cfg, self.data.vocab_size) if cfg.ladder.name is not None else None
         self.config = to_container(cfg)
@@ -318,7 +321,12 @@ class Trainer:
         self.downstream = Downstream(cfg, self.data.tokenizer, self.device, self.autocast)  # tasks read, encoded
         self.tokens_per_step = t.batch_size * cfg.model.context  # global, all ranks together
         tokens_cap = math.inf if t.max_tokens is None else math.ceil(t.max_tokens / self.tokens_per_step)
-        self.horizon = min(t.max_steps, tokens_cap)  # the step the LR schedule ends at
+        # train.max_bytes: the steps that read that much text at the data's bytes/token (one line if max_steps cuts it)
+        self.text_budget = text_budget(cfg, self.data, self.tokens_per_step)
+        bytes_cap = math.inf if self.text_budget is None else self.text_budget.steps
+        self.horizon = min(t.max_steps, tokens_cap, bytes_cap)  # the step the LR schedule ends at
+        self.bpb_text = held_out_text(cfg, self.data)  # val/bpb's windows (None: data=tokens, val_bpb_bytes=0)
+        self.weight_decay, self.wd_timescale = resolve_weight_decay(cfg, self.horizon)  # lambda and tau/T (optim.py)
         if saved is not None and saved["step"] > self.horizon:
             raise ckpt.CheckpointError(f"train.resume={str(resume_from)!r} is invalid: the checkpoint is at step "
                                        f"{saved['step']}, past this run's last step ({self.horizon})")  # fmt: skip
@@ -333,14 +341,17 @@ class Trainer:
         seed_everything(cfg.seed)
         self.model = model = TransformerLM(cfg, self.data.vocab_size).to(self.device)
         self.cost = model_cost(model, cfg)
+        if self.shape is not None:
+            self.shape.check(self.cost)  # the solver's count is the built model's
         self.parallel.prepare(model)  # activation checkpointing; fsdp/hsdp: shards (the optimizer holds them)
-        self.regularizer = REGULARIZERS.build(cfg.regularization)
+        self.regularizer = REGULARIZERS.build(with_weight_decay(cfg.regularization, self.weight_decay))
         self.optimizer = build_optimizer(cfg, model, self.regularizer, self.device)
         self.lr_at = build_schedule(cfg.optim, self.horizon)
         self.val = [
             (x.to(self.device), y.to(self.device))
             for x, y in val_batches(self.data.val, t.batch_size, cfg.model.context, t.eval_batches)
         ]
+        self.bpb_text = self.bpb_text and self.bpb_text.to(self.device)
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.peak = (t.peak_flops or measured_peak_flops(self.device.type, dtype)) * self.dist.world
         self.grad_spikes = M.SpikeDetector(t.spike.window, t.spike.k)
@@ -362,15 +373,21 @@ class Trainer:
             M.VOCAB_SIZE: self.data.vocab_size,
             **self.levels,
             M.FLOPS_PER_TOKEN: self.cost.flops_per_token,
+            **({M.SHAPE: self.shape.record(self.cost)} if self.shape is not None else {}),
             M.PEAK_FLOPS: self.peak,
+            M.FINAL_VAL_BPB: None,
+            **self.bpb_record(),
             "world_size": self.dist.world,
             M.OPTIMIZER_PARAMS: getattr(self.optimizer, "assignment", None),
+            M.WEIGHT_DECAY: self.weight_decay,
+            M.WD_TIMESCALE: self.wd_timescale,
             M.DIVERGED_AT: None,
             M.ERROR: None,
         }
         self.fresh = saved is None
         if saved is not None:
             self._restore(saved)
+        provenance.stamp(self.summary, self.device)  # what decides the digits: torch, CPU kernels, threads, device
 
         # what runs the step: DDP when there are several processes (fsdp/hsdp: the sharded model itself); with
         # train.compile the forward AND the loss are compiled as one function (the [tokens, vocab] log-softmax is
@@ -483,10 +500,28 @@ class Trainer:
         self.progress.val_steps.append(self.progress.step)
         return self.progress.val_losses[-1]
 
+    def val_bpb(self) -> float:
+        """Bits per byte over the held-out text (lm_ablate/eval/bpb.py), the same text for every tokenizer."""
+        return bits_per_byte(self.model, self.bpb_text, self.autocast)
+
+    def bpb_record(self) -> dict[str, Any]:
+        """What the summary says of val/bpb's text and of a text budget (lm_ablate/metrics.py)."""
+        b, out = self.bpb_text, {}
+        if b is None:
+            none = "train.val_bpb_bytes=0" if self.cfg.train.val_bpb_bytes == 0 else M.NO_BPB_TEXT
+            out[M.VAL_BPB_NOTE] = f"no val/bpb: {none}"
+        else:
+            out.update({M.VAL_BPB_BYTES: b.n_bytes, M.VAL_BPB_TOKENS: b.n_tokens})
+        if self.text_budget is not None:
+            out[M.TRAIN_BYTES_PER_TOKEN] = self.text_budget.bytes_per_token
+        return out
+
     def budget_spent(self, step: int) -> str | None:
-        """Which budget ends the run at ``step``, if any: max_steps, max_tokens or max_time_s."""
+        """Which budget ends the run at ``step``, if any: max_steps, max_tokens, max_bytes or max_time_s."""
         t = self.cfg.train
         if step >= self.horizon:
+            if self.text_budget is not None and self.horizon == self.text_budget.steps:
+                return "max_bytes"
             return "max_tokens" if self.horizon < t.max_steps else "max_steps"
         spent = self.meter.seconds + self.progress.cold_seconds  # every step's time, cold ones included
         if t.max_time_s is not None and self.dist.any(spent >= t.max_time_s, self.device):
@@ -515,9 +550,12 @@ class Trainer:
             M.MEAN_MFU: self.cost.flops_per_token * rate / self.peak if rate else None,
             M.STEPS: p.step,
             M.TOTAL_TOKENS: p.step * self.tokens_per_step,
+            M.TRAIN_FLOPS: self.cost.flops_per_token * p.step * self.tokens_per_step,
             M.WALL_TIME_S: p.wall_time_s,
             **self.levels,  # a run resumed from a record written before they were kept gets them too
         })  # fmt: skip
+        if self.text_budget is not None:
+            self.summary[M.TRAIN_BYTES] = p.step * self.tokens_per_step * self.text_budget.bytes_per_token
         # [0] is the loss at step 0; a diverged run is diverged, not stalled
         diverged = self.summary.get(M.DIVERGED_AT) is not None
         why = None if diverged else stall.reason(p.val_losses[1:], self.levels[M.UNIGRAM_LOSS], p.val_steps[1:])
@@ -591,6 +629,8 @@ class Trainer:
                     stop_reason = self.budget_spent(step)
                     if step % t.eval_every == 0 or stop_reason:
                         row[M.VAL_LOSS] = self.evaluate()
+                    if stop_reason and self.bpb_text is not None:  # at the end only: bench/val_bpb.py
+                        row[M.VAL_BPB] = self.summary[M.FINAL_VAL_BPB] = self.val_bpb()
                     if self.downstream.due(step, final=bool(stop_reason)):  # eval.tasks (lm_ablate/eval/)
                         row.update(self.downstream.evaluate(self.model))
                         self.downstream.summarize(self.summary, row)
@@ -722,6 +762,7 @@ def main(cfg: DictConfig) -> float | None:
         settle(cfg, explicit_keys(hc.overrides.task))  # keys the chosen options do not read (lm_ablate/options.py)
         check_budget_keys(cfg)
         check_vocab_key(cfg)
+        apply_shape(cfg, explicit_keys(hc.overrides.task))  # shape=iso: sizes solved from ratios (lm_ablate/shape.py)
         trainer = Trainer(cfg, out, name=name, on_accept=save_hydra_record)
     except AlreadyFinished as done:
         summary = s = done.summary

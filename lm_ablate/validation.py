@@ -54,7 +54,7 @@ def validate(cfg: DictConfig | Config) -> None:
     check_options(cfg)  # each option's keys are its own (lm_ablate/options.py)
     check_data(cfg.data)  # data keys' domains live with the data package
     for key, value in _floats(cfg):
-        if not math.isfinite(value):
+        if not math.isfinite(value) and not (key == "optim.wd_timescale" and value == math.inf):  # inf: no decay
             raise bad(key, value, "must be a finite number")
     for check in (
         _model,
@@ -67,6 +67,7 @@ def validate(cfg: DictConfig | Config) -> None:
         _train,
         _eval,
         check_ladder,
+        check_shape,
     ):
         check(cfg)
     check_identity(cfg)  # a name its keys contradict (MQA with 2 K/V heads, ...)
@@ -211,8 +212,10 @@ def _regularization(cfg: DictConfig) -> None:
     for key in ("embedding_dropout", "attention_dropout", "residual_dropout"):
         if r[key] is not None and not 0.0 <= r[key] < 1.0:
             raise bad(f"regularization.{key}", r[key], "must be in [0, 1) or null (= regularization.dropout)")
+    if r.weight_decay is None and cfg.optim.get("wd_timescale") is None:
+        raise bad("regularization.weight_decay", None, "must be >= 0 (null only where optim.wd_timescale sets it)")
     for key in ("weight_decay", "grad_clip", "z_loss"):
-        if r[key] < 0:
+        if r[key] is not None and r[key] < 0:
             raise bad(f"regularization.{key}", r[key], "must be >= 0")
 
 
@@ -248,6 +251,13 @@ def _optim(cfg: DictConfig) -> None:
         raise bad("optim.eps2", o.eps2, "must be >= 0")
     if given("clip_threshold") and not o.clip_threshold > 0:
         raise bad("optim.clip_threshold", o.clip_threshold, "must be > 0")
+    if given("wd_timescale"):  # lm_ablate/optim.py: lambda = 1 / (lr x tau/T x steps)
+        if not o.wd_timescale > 0:
+            raise bad("optim.wd_timescale", o.wd_timescale, "must be > 0 (tau/T, a fraction of the run, e.g. 0.2; "
+                      "inf = no decay) or null (regularization.weight_decay)")  # fmt: skip
+        if cfg.regularization.weight_decay is not None:
+            raise bad("optim.wd_timescale", o.wd_timescale, f"regularization.weight_decay="
+                      f"{cfg.regularization.weight_decay!r} is set too: give one of them")  # fmt: skip
 
 
 def _train(cfg: DictConfig) -> None:
@@ -258,9 +268,10 @@ def _train(cfg: DictConfig) -> None:
     positive("train", t, ("grad_accum",))
     if t.batch_size % t.grad_accum:
         raise bad("train.grad_accum", t.grad_accum, f"must divide train.batch_size={t.batch_size}")
-    for key in ("max_tokens", "max_time_s", "peak_flops"):
+    for key in ("max_tokens", "max_time_s", "peak_flops", "max_bytes"):
         if t[key] is not None and t[key] <= 0:
             raise bad(f"train.{key}", t[key], "must be > 0 or null")
+    _text_budget(cfg)
     if any(k < 1 for k in t.extrapolation):
         raise bad("train.extrapolation", list(t.extrapolation), "every factor must be an integer >= 1")
     for key in ("checkpoint_every", "max_skipped_steps", "probe_every"):
@@ -280,6 +291,24 @@ def _train(cfg: DictConfig) -> None:
         raise bad("train.ac_every", t.ac_every, f"must be in [1, model.n_layers={cfg.model.n_layers}] (block i is "
                   "recomputed iff (i + 1) % ac_every == 0)")  # fmt: skip
     check_parallel(cfg)  # train.parallel, train.activation_checkpointing (lm_ablate/sharding.py)
+
+
+def _text_budget(cfg: DictConfig) -> None:
+    """train.max_bytes is the run's budget: no second one (train.max_tokens, a ladder's), no text-less data; and
+    train.val_bpb_bytes >= 0. (A train.max_steps that would cut it short is refused once bytes/token is known.)"""
+    t = cfg.train
+    if t.val_bpb_bytes < 0:
+        raise bad("train.val_bpb_bytes", t.val_bpb_bytes, "must be >= 0 (bytes of held-out text; 0 = no val/bpb)")
+    if t.max_bytes is None:
+        return
+    if t.max_tokens is not None:
+        raise bad("train.max_bytes", t.max_bytes, f"train.max_tokens={t.max_tokens} is set too: give one budget "
+                  "(max_bytes: the same text for every tokenizer)")  # fmt: skip
+    if cfg.ladder.name is not None:
+        raise bad("train.max_bytes", t.max_bytes, f"ladder={cfg.ladder.name} sets the budget in tokens "
+                  "(ladder.tokens_per_param); leave it null")  # fmt: skip
+    if cfg.data.name == "tokens":
+        raise bad("train.max_bytes", t.max_bytes, "data=tokens holds token ids, not text: use train.max_tokens")
 
 
 SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "head_dim")  # what a ladder rung may set, as model.<key>
@@ -303,6 +332,60 @@ def _eval(cfg: DictConfig) -> None:
         raise bad("eval.max_examples", e.max_examples, "a positive number of examples per task, or null")
     if e.batch_tokens < 1:
         raise bad("eval.batch_tokens", e.batch_tokens, "a positive number of tokens per forward pass")
+
+
+def check_sizes(cfg: DictConfig) -> None:
+    """Only the rules a model's sizes must meet (d_model, n_layers, heads, head_dim with the options chosen): what
+    the shape solver (lm_ablate/shape.py) asks of each candidate before it validates the one it picks."""
+    _model(cfg)
+    _position(cfg)
+    _attention(cfg)
+
+
+SHAPE_OPTIONS = ("none", "iso")
+SHAPE_REQUEST = ("target_params", "ffn_ratio", "aspect", "attn_ratio", "head_dim", "n_heads", "head_dim_target",
+                 "d_model", "n_layers", "d_ff_multiple", "tolerance")  # fmt: skip
+SHAPE_PINS = ("d_model", "n_layers", "aspect")  # what fixes width and depth besides N (one or two of them)
+
+
+def check_shape(cfg: Any) -> None:
+    """The shape group's keys (lm_ablate/shape.py): their domains, and no dimension fixed two ways. Whether integers
+    meet the target is the solver's to say (it runs where the ladder's rung is applied)."""
+    s = getattr(cfg, "shape", None)
+    if s is None:
+        return  # a record written before the shape group existed
+    given = {k: s[k] if isinstance(s, DictConfig) else getattr(s, k) for k in SHAPE_REQUEST}
+    given = {k: v for k, v in given.items() if v is not None}
+    if s.name not in SHAPE_OPTIONS:
+        raise bad("shape.name", s.name, f"allowed: {', '.join(SHAPE_OPTIONS)}")
+    if s.name == "none":
+        for key, value in given.items():
+            raise bad(f"shape.{key}", value, "shape=none reads no shape keys: choose shape=iso (conf/shape/iso.yaml)")
+        return
+    if cfg.ladder.name is not None:
+        raise bad("shape", "iso", f"ladder={cfg.ladder.name} sets the model's sizes by its rungs: choose one of them")
+    if "target_params" not in given:
+        raise bad("shape.target_params", None, "shape=iso needs the non-embedding parameter count to solve for")
+    for key in ("target_params", "ffn_ratio", "aspect", "attn_ratio"):
+        if key in given and not given[key] > 0:
+            raise bad(f"shape.{key}", given[key], "must be > 0")
+    for key in ("head_dim", "n_heads", "head_dim_target", "d_model", "n_layers", "d_ff_multiple"):
+        if key in given and given[key] < 1:
+            raise bad(f"shape.{key}", given[key], "must be a positive integer or null")
+    if "tolerance" in given and not 0 < given["tolerance"] < 1:
+        raise bad("shape.tolerance", given["tolerance"], "must be in (0, 1) (0.02: within 2% of the target)")
+    if "head_dim" in given and "n_heads" in given:
+        raise bad("shape.n_heads", given["n_heads"], "shape.head_dim already fixes the heads: give one of the two")
+    pins = [k for k in SHAPE_PINS if k in given]
+    what = ", ".join(f"shape.{k}={given[k]}" for k in pins)
+    if not pins:
+        raise bad("shape.target_params", given["target_params"], "shape=iso needs what it holds besides N: one or "
+                  "two of shape.d_model, shape.n_layers, shape.aspect")  # fmt: skip
+    if len(pins) == 3:
+        raise bad("shape.aspect", given["aspect"], "shape.d_model and shape.n_layers already fix d_model / n_layers")
+    if len(pins) == 2 and "ffn_ratio" in given:
+        raise bad("shape.ffn_ratio", given["ffn_ratio"], f"{what} pin d_model and n_layers, so d_ff is what meets "
+                  "shape.target_params: leave ffn_ratio null, or pin one of them only")  # fmt: skip
 
 
 def check_ladder(cfg: Any) -> None:
@@ -365,6 +448,10 @@ def check_budgets(cfg: Any) -> None:
             raise bad("ladder.fit_budgets", fit, f"allowed: a non-empty subset of ladder.budgets {trained} (the "
                       "budgets whose cells the scaling fits use), or null: every budget")  # fmt: skip
     branches = budgets is not None and len(budgets) > 1 and lad.budget is None
+    if branches and cfg.optim.get("wd_timescale") is not None:
+        raise bad("optim.wd_timescale", cfg.optim.wd_timescale, f"ladder.budgets {budgets} branches shorter budgets "
+                  "from the largest's run, and tau/T gives each budget its own lambda (its stable phase would differ): "
+                  "set regularization.weight_decay, or one ladder.budget per run")  # fmt: skip
     if branches and cfg.optim.schedule != "wsd":
         raise bad("optim.schedule", cfg.optim.schedule, f"ladder.budgets {budgets} branches a decay from the "
                   "largest budget's run, so its stable phase must be every shorter budget's: allowed: wsd")  # fmt: skip

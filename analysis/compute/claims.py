@@ -37,6 +37,25 @@ with ``why`` = ``fit_off_goal``: a fit that misses a rung it did not see is no e
 LR) differ by more than ``SPEED_SPREAD_LIMIT`` (max / min) ran on a machine whose load changed, so held or
 contradicted becomes ``inconclusive`` with ``why`` = ``speed_unsteady``.
 
+**Basin claims** (``MetricSpec.basin``: relative_val_loss, relative_val_bpb; analysis/compute/basin.py) speak of
+every value x of a numeric axis in the claim's ``over`` = [a, b] at once, each at its own best LR, by r(x) =
+100 (L(x) - L(x*)) / L(x*) in % against the basin's best point x* (over all values in the context), with its 95%
+interval [lo(x), hi(x)] over seeds; m is the claim's ``margin`` (percent). The best point itself has r = 0 = lo = hi.
+
+    within m% over [a, b]   held          every x in [a, b]: hi(x) < m          (intersection-union: each at 2.5%)
+                            contradicted  some x in [a, b]: lo(x) > m
+                            inconclusive  otherwise (a point with one seed has no interval)
+    worse by >= m% over R   held          every x in R: lo(x) > m
+    (R = [a, b], [c, null]  contradicted  some x in R: hi(x) < m (the best point in R contradicts it)
+    beyond c, [null, c])    inconclusive  otherwise
+    untested                no value of the axis in R, or no best point (no completed run)
+
+The effect shown is the deciding point's: the contradicting one, else the one nearest to failing (within: the
+largest hi; worse: the smallest lo), so :func:`verdict` of it is the claim's verdict. Stalled seeds at a point the
+verdict rests on (held: every point in R and x*; contradicted: the contradicting point and x*) make it
+``inconclusive`` (``stalled_seeds``), unless ``counts_failures``. A point whose best LR lies at an edge of its grid
+is noted (``lr_at_edge``: its loss is an upper bound on its tuned loss), as every best-LR pick is.
+
 A claim evaluated in several contexts has one verdict per context and, as a whole, the verdict they share,
 or ``mixed``. Each metric is one function in :data:`METRIC_FUNCTIONS` (names: lm_ablate.claim_spec.METRICS)
 taking a :class:`Selection` (the runs of the arm and of the baseline in one context) and returning an
@@ -68,11 +87,24 @@ from analysis.compute.compare import (
     compare_to_baseline,
     find_axes,
     is_stalled,
+    tokenizers_differ,
 )
-from analysis.sources.load import EXTRAPOLATION_KEY, FIRST_PROBE_PREFIX, MAX_ATTN_LOGIT_ALL, RunSet
+from analysis.sources.load import EXTRAPOLATION_KEY, FIRST_PROBE_PREFIX, MAX_ATTN_LOGIT_ALL, AnalysisError, RunSet
 from analysis.sources.values import override_text, value_order
 from lm_ablate import metrics as M
-from lm_ablate.claim_spec import EQUAL, HIGHER, LOWER, Claim, parse_claims, resolve_key, same_value
+from lm_ablate.claim_spec import (
+    EQUAL,
+    HIGHER,
+    LOWER,
+    PER_TOKEN_METRICS,
+    WITHIN,
+    WORSE,
+    Claim,
+    parse_claims,
+    per_token_refusal,
+    resolve_key,
+    same_value,
+)
 from lm_ablate.config import ConfigError
 
 HELD, CONTRADICTED, INCONCLUSIVE, UNTESTED, MIXED = "held", "contradicted", "inconclusive", "untested", "mixed"
@@ -91,6 +123,7 @@ WHY_NOT_SCALING_BASELINE = "baseline_not_scaling_baseline"  # CM is against the 
 WHY_NO_MULTIPLIER = "no_multiplier"  # the scaling study has no multiplier for the arm at `at`
 WHY_STALLED = "stalled_seeds"  # a side has stalled seeds where it is decided: inconclusive (k of n per side)
 WHY_FIT_OFF_GOAL = "fit_off_goal"  # a compute multiplier whose fit missed the held-out goal: inconclusive
+WHY_NO_BPB = "no_val_bpb"  # final_val_bpb: a side's completed runs predate val bits per byte (M.NO_BPB_RECORDED)
 WHY_SPEED_UNSTEADY = "speed_unsteady"  # a tokens/s claim whose side's runs spread > SPEED_SPREAD_LIMIT: inconclusive
 LR_MULT_KEY = "choices.lr_mult"  # the LR as a multiple of the optimizer's reference (conf/lr_mult/)
 NOTE_FIT_OFF_GOAL = "fit_off_goal"  # the arm's or the baseline's fit predicts its held-out rung > the goal off
@@ -100,6 +133,7 @@ NOTE_GRIDS_DIFFER = "lr_grids_differ"  # lr_sensitivity: arm and baseline ran di
 NOTE_SEEDS_LEFT_OUT = "seeds_without_full_grid"  # lr_sensitivity: a seed that missed an LR of its arm's grid
 NOTE_BEYOND_VALIDATED = "beyond_validated_range"  # compute_multiplier: extrapolated further than the held-out check
 NOTE_CELL_BEST_LR = "each_cell_at_its_best_lr"  # compute_multiplier: each (arm, rung, budget) fitted at its best LR
+NOTE_LR_AT_EDGE = "lr_at_edge"  # basin: a point the verdict rests on has its best LR at an edge of its grid
 NOTE_FIT_WINDOW = "fit_window_decides"  # compute_multiplier: fitted on every budget, the same form reads otherwise
 SPEED_SPREAD_LIMIT = 1.5  # max / min tokens/s of one arm's runs above which speed ratios are not to be trusted
 VALUE = "value"  # the per-run value column handed to compare_to_baseline
@@ -212,6 +246,11 @@ def verdict(effect: Effect | None, claim: Claim) -> str:
         return HELD if hi95 < null else CONTRADICTED if lo95 > null else INCONCLUSIVE
     if claim.expect == HIGHER:
         return HELD if lo95 > null else CONTRADICTED if hi95 < null else INCONCLUSIVE
+    if claim.expect in (WITHIN, WORSE):  # a basin's deciding point, r in % against the margin m (module docstring)
+        m = float(claim.margin or 0.0)
+        if claim.expect == WITHIN:
+            return HELD if hi95 < m else CONTRADICTED if lo95 > m else INCONCLUSIVE
+        return HELD if lo95 > m else CONTRADICTED if hi95 < m else INCONCLUSIVE
     if claim.expect == EQUAL:
         lo, hi = equivalence_bounds(claim)
         if lo < lo90 and hi90 < hi:
@@ -513,6 +552,16 @@ def best_lr_spread(sel: Selection, n_boot: int = 2000) -> Effect | str:
     return Effect(arm / base, low95, high95, low90, high90, math.nan, "bootstrap", n, n, n, arm, base)
 
 
+def final_val_bpb(sel: Selection) -> Effect | str:
+    """Val bits per byte per completed run; a side whose completed runs have none predates it (WHY_NO_BPB)."""
+    effect = _per_run(_column(M.FINAL_VAL_BPB))(sel)
+    if effect in (WHY_NO_ARM_VALUES, WHY_NO_BASELINE_VALUES):
+        ids = sel.arm if effect == WHY_NO_ARM_VALUES else sel.baseline
+        if _values(sel, ids, lambda row: 0.0, (M.STATUS_COMPLETED,)):  # completed, yet without val/bpb
+            return WHY_NO_BPB
+    return effect
+
+
 def downstream(sel: Selection) -> Effect | str:
     """The claim's ``downstream/<task>/<kind>`` (its ``task`` and ``kind``; the last evaluation, summary.json) of
     each completed run, compared as final_val_loss is: arm - baseline, paired by seed."""
@@ -590,6 +639,9 @@ METRIC_FUNCTIONS: dict[str, Callable[[Selection], Effect | str]] = {
     "best_lr_spread": best_lr_spread,
     "widest_val_loss_at_best_lr": _per_run(_column(M.FINAL_VAL_LOSS)),
     "compute_multiplier": compute_multiplier,
+    "final_val_bpb": final_val_bpb,
+    "relative_val_loss": lambda sel: basin_effect(sel)[0],  # basin claims (module docstring; _evaluate_basin)
+    "relative_val_bpb": lambda sel: basin_effect(sel)[0],
     "downstream": downstream,
 }
 
@@ -696,6 +748,8 @@ def _evaluate(inputs: Inputs, claim: Claim, axes: list[Axis]) -> list[ClaimResul
     members = [r for r, cfg in rs.configs.items() if all(same_value(v, cfg.get(k)) for k, v in filters)]
     if not members:
         return [ClaimResult(claim, ALL_RUNS, UNTESTED, None, WHY_NO_CONTEXT, axis.label)]
+    if claim.spec.basin:
+        return _evaluate_basin(inputs, claim, axis, members, others)
     groups: dict[str, tuple[tuple[Any, ...], list[str], list[str]]] = {}
     for r in members:
         cfg = rs.configs[r]
@@ -715,6 +769,11 @@ def _evaluate(inputs: Inputs, claim: Claim, axes: list[Axis]) -> list[ClaimResul
             common = dict(axis=axis.label, arm_label=arm_label, arm_runs=tuple(arm), baseline_runs=tuple(base))
             out.append(ClaimResult(claim, label, UNTESTED, None, WHY_NO_ARM if not arm else WHY_NO_BASELINE, **common))
             continue
+        if claim.metric in PER_TOKEN_METRICS:  # one line, naming final_val_bpb (lm_ablate/claim_spec.py)
+            mixed = tokenizers_differ(rs.configs[r] for r in (*arm, *base))
+            if mixed:
+                raise AnalysisError(f"claims[{claim.id}].metric={claim.metric!r} is refused: "
+                                    + per_token_refusal(claim.metric, f"its arms ({mixed})"))  # fmt: skip
         sel = Selection(inputs, claim, arm, base)
         sel = NARROW.get(claim.metric, lambda x: x)(sel)
         best: tuple[BestLR | None, BestLR | None] = (None, None)
@@ -840,3 +899,87 @@ def unsteady_speed(rs: RunSet, cs: ComparisonSet, limit: float = SPEED_SPREAD_LI
         if len(tps) > 1 and max(tps) / min(tps) > limit:
             out.append({"arm": label, "spread": max(tps) / min(tps), "low": min(tps), "high": max(tps), "n": len(tps)})
     return out
+
+
+# --- basin claims (module docstring) ----------------------------------------------------------------------
+BASIN_METRIC = {"relative_val_loss": M.FINAL_VAL_LOSS, "relative_val_bpb": M.FINAL_VAL_BPB}
+
+
+def _point_effect(p: Any, best: Any) -> Effect:
+    """A basin point as an :class:`Effect`: r(x) in % and its intervals; the best point is 0 with [0, 0]."""
+    if p.is_best:
+        return Effect(0.0, 0.0, 0.0, 0.0, 0.0, math.nan, "", 0, p.n, p.n, p.mean, p.mean, (), p.values, p.values)
+    return Effect(p.relative, p.low, p.high, p.low90, p.high90, math.nan, p.test, p.n_pairs, p.n, best.n, p.mean,
+                  best.mean, (), p.values, best.values)  # fmt: skip
+
+
+def basin_effect(sel: Selection, label: str = ALL_RUNS) -> tuple[Effect | str, Any, list[Any], Any]:
+    """(the deciding point's effect or a WHY_* code, the basin, the points in ``over``, the deciding point) of a
+    basin claim over the runs of ``sel`` (arm and baseline together: one context's runs at every axis value)."""
+    from analysis.compute.basin import basin_of  # one floor up from compare, as best_lr
+    from lm_ablate.claim_spec import in_over
+
+    claim = sel.claim
+    key = resolve_key(claim.axis, sel.rs.config_keys) or claim.axis
+    ids = [*sel.arm, *sel.baseline]
+    metric = BASIN_METRIC[claim.metric]
+    if metric == M.FINAL_VAL_LOSS:
+        mixed = tokenizers_differ(sel.rs.configs[r] for r in ids)
+        if mixed:
+            raise AnalysisError(f"claims[{claim.id}].metric={claim.metric!r} is refused: "
+                                + per_token_refusal(claim.metric, f"the values of {claim.axis} ({mixed})"))  # fmt: skip
+    b = basin_of(sel.rs, key, ids, label, metric=metric)
+    best = b.best
+    assert claim.over is not None
+    inside = [p for p in b.points if in_over(claim.over, p.x)]
+    if best is None:
+        return WHY_NO_BASELINE_VALUES, b, inside, None
+    if not inside:
+        return WHY_NO_ARM, b, inside, None
+    effects = {p.x: _point_effect(p, best) for p in inside}
+    m = float(claim.margin or 0.0)
+    inf = math.inf
+    up = lambda v: v if math.isfinite(v) else inf  # no interval: nearest to failing
+    down = lambda v: v if math.isfinite(v) else -inf
+    if claim.expect == WITHIN:
+        against = [p for p in inside if effects[p.x].low95 > m]
+        pick = max(against or inside, key=lambda p: down(effects[p.x].low95) if against else up(effects[p.x].high95))
+    else:
+        against = [p for p in inside if effects[p.x].high95 < m]
+        pick = min(against or inside, key=lambda p: up(effects[p.x].high95) if against else down(effects[p.x].low95))
+    at_edge = any(p.lr.at_edge for p in (*inside, best))
+    effect = replace(effects[pick.x], notes=(NOTE_LR_AT_EDGE,) if at_edge else ())
+    return effect, b, inside, pick
+
+
+def _evaluate_basin(
+    inputs: Inputs, claim: Claim, axis: Axis, members: list[str], others: list[Axis]
+) -> list[ClaimResult]:  # fmt: skip
+    """A basin claim in each context of the ``others`` axes (module docstring: the table)."""
+    from analysis.compute.basin import contexts
+
+    out = []
+    for label, ids in contexts(inputs.rs, members, others):
+        sel = Selection(inputs, claim, ids, [])
+        effect, basin, inside, pick = basin_effect(sel, label)
+        low, high = claim.over or (None, None)
+        ends = ("-inf" if low is None else override_text(low), "inf" if high is None else override_text(high))
+        arm_label = f"[{ends[0]}, {ends[1]}]"
+        if isinstance(effect, str):
+            out.append(ClaimResult(claim, label, UNTESTED, None, effect, axis.label, arm_label,
+                                   tuple(r for p in inside for r in p.runs)))  # fmt: skip
+            continue
+        best = basin.best
+        decided = verdict(effect, claim)
+        rests_on = [p for p in (inside if decided != CONTRADICTED else [pick]) if not p.is_best]
+        arm_stalled = (sum(p.stalled[0] for p in rests_on), sum(p.stalled[1] for p in rests_on))
+        stalled = (arm_stalled, best.stalled)
+        why = WHY_NO_INTERVAL if decided == INCONCLUSIVE and not math.isfinite(effect.low95) else ""
+        if decided != UNTESTED and not claim.stalls_are_data and (stalled[0][0] or stalled[1][0]):
+            decided, why = INCONCLUSIVE, WHY_STALLED
+        runs = tuple(r for p in inside for r in p.runs)
+        out.append(ClaimResult(
+            claim, label, decided, effect, why, axis.label, arm_label, runs, best.runs, pick.lr, best.lr,
+            stalled[0], stalled[1], tuple(r for r in (*runs, *best.runs) if inputs.stalled.get(r, False)),
+        ))  # fmt: skip
+    return out or [ClaimResult(claim, ALL_RUNS, UNTESTED, None, WHY_NO_CONTEXT, axis.label)]

@@ -37,6 +37,7 @@ from analysis.compute.stats import mean_ci, paired, welch
 from analysis.sources.load import INIT_VAL_LOSS, AnalysisError, RunSet, downstream_keys
 from analysis.sources.values import launch_order, matches_text, override_text, value_order
 from lm_ablate import metrics as M
+from lm_ablate.claim_spec import per_token_refusal
 
 # bookkeeping that differs between runs without being an intervention; the ladder keys are the report's settings
 EXCLUDED_KEYS = frozenset({
@@ -53,6 +54,7 @@ ROW_COLUMNS = (
     "run_id", M.STATUS, M.SEED, *AGGREGATED, M.PARAMS_TOTAL, M.PARAMS_NON_EMBEDDING, M.STEPS, M.STALLED,
 )  # what _arm_row reads  # fmt: skip
 LR_KEY = "optim.lr"
+REFUSED = "refused"  # the one line refusing Δ final val loss where an axis's arms differ in tokenizer
 CLAIMS_KEY = "claims"  # the study's claims (lm_ablate/claim_spec.py), read by analysis/compute/claims.py
 TEST_PAIRED = "paired"  # the `test` column: which test gave delta, its interval and p
 TEST_WELCH = "welch"
@@ -371,7 +373,7 @@ def _compare_axis(
     members: dict[tuple[str, str], list[str]] = {}
     for r in run_ids:
         members.setdefault(assignment[r], []).append(r)
-    scores = downstream_metrics(rs)
+    scores = [*bpb_metrics(rs), *downstream_metrics(rs)]
     records = {r["run_id"]: r for r in rs.runs[[*ROW_COLUMNS, *scores]].to_dict("records")}
     rows = []
     for context in contexts:
@@ -382,7 +384,42 @@ def _compare_axis(
                 runs = [records[r] for r in members[(context, arm)]]
                 rows.append(_arm_row(axis, context, arm, arm == baseline, runs, base_runs, scores))
     table = pd.DataFrame(rows)
+    in_context: dict[str, list[str]] = {}
+    for (context, _), ids in members.items():
+        in_context.setdefault(context, []).extend(ids)
+    mixed = next(filter(None, (tokenizers_differ(rs.configs[r] for r in ids) for ids in in_context.values())), "")
+    if mixed:
+        # per-token loss between tokenizers is refused: no Δ, and the one line says what to compare instead
+        table[["delta_final_val_loss", "delta_ci_low", "delta_ci_high", "p_value"]] = math.nan
+        table[["test", "n_pairs"]] = ["", 0]
+        table[REFUSED] = per_token_refusal("final val loss", f"the arms of {axis.label} ({mixed})")
     return Comparison(axis, arms, baseline, contexts, table, assignment, scores)
+
+
+def tokenizer_of(cfg: dict[str, Any]) -> str:
+    """A run's tokenizer as a comparison names it: ``byte``, ``bpe 512`` (the vocabulary it was built with),
+    ``pretrained gpt2``; data=tokens: ``tokens <vocabulary>``."""
+    kind = cfg.get("data.tokenizer")
+    if cfg.get("data.name") == "tokens":
+        return f"tokens {cfg.get('model.vocab_size') or cfg.get('data.vocab_size')}"
+    if kind == "bpe":
+        return f"bpe {cfg.get('model.vocab_size') or cfg.get('data.vocab_size')}"
+    if kind == "pretrained":
+        return f"pretrained {cfg.get('data.tokenizer_path')}"
+    return str(kind)
+
+
+def tokenizers_differ(configs: Iterable[dict[str, Any]]) -> str:
+    """``byte vs bpe 512`` when the runs' tokenizers differ (their per-token losses are not comparable), else ""."""
+    seen = list(dict.fromkeys(tokenizer_of(c) for c in configs))
+    return " vs ".join(seen) if len(seen) > 1 else ""
+
+
+def bpb_metrics(rs: RunSet) -> list[str]:
+    """[final_val_bpb] when some run recorded val bits per byte (runs made before it existed have none)."""
+    if M.FINAL_VAL_BPB in rs.runs.columns and pd.to_numeric(rs.runs[M.FINAL_VAL_BPB], errors="coerce").notna().any():
+        return [M.FINAL_VAL_BPB]
+    return []
 
 
 def downstream_metrics(rs: RunSet) -> list[str]:

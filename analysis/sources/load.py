@@ -37,12 +37,13 @@ STATUS_INCOMPLETE = "incomplete"  # no summary.json: killed before the loop wrot
 STATUS_CORRUPT = "corrupt"  # summary.json or config.yaml exists but cannot be parsed
 RUN_FILES = (M.CONFIG_FILE, M.SUMMARY_FILE, M.METRICS_FILE)
 SKIP_DIRS = {".hydra", "wandb", "__pycache__"}
+WANDB_FILE = re.compile(r"run-[A-Za-z0-9_-]+\.wandb")  # a W&B run's transaction log (analysis.sources.wandb_offline)
 SUMMARY_KEYS = (
     M.RUN_NAME, M.GROUP, M.CHOICES, M.SEED, M.FINAL_VAL_LOSS, M.BEST_VAL_LOSS, M.FINAL_TRAIN_LOSS,
     M.GRAD_NORM_SPIKES, M.LOSS_SPIKES, M.MEAN_TOKENS_PER_SEC, M.MEAN_MFU, M.PARAMS_TOTAL,
     M.PARAMS_NON_EMBEDDING, M.STEPS, M.TOTAL_TOKENS, M.WALL_TIME_S, M.DIVERGED_AT, M.SKIPPED_STEPS,
     M.STOP_REASON, M.ERROR, M.FLOPS_PER_TOKEN, M.VOCAB_SIZE, M.LOG_VOCAB, M.UNIGRAM_LOSS, M.BIGRAM_LOSS,
-    M.STALLED, M.STALL_REASON,
+    M.STALLED, M.STALL_REASON, M.FINAL_VAL_BPB,
 )  # fmt: skip
 TEXT_SUMMARY_KEYS = (M.RUN_NAME, M.GROUP, M.CHOICES, M.STOP_REASON, M.ERROR, M.STALL_REASON)
 # judged here by lm_ablate.stall from the history (the recorded flag only where no val/loss curve was read)
@@ -149,23 +150,37 @@ def find_run_dirs(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
     for raw in paths:
         root = Path(raw).expanduser()
         if not root.is_dir():
-            notes.append(f"{raw}: not a directory (skipped)")
+            if not is_wandb_file(root):  # a W&B run file is read by analysis.sources.wandb_offline
+                notes.append(f"{raw}: not a directory (skipped)")
             continue
         for dirpath, dirnames, filenames in os.walk(root):
             here = Path(dirpath)
-            if _is_run_dir(here, filenames):
+            if is_wandb_run_folder(filenames):  # W&B's own files/config.yaml is no run record
+                dirnames[:] = []
+            elif is_run_dir(here, filenames):
                 found.setdefault(here.resolve(), None)
                 dirnames[:] = []
-                continue
-            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
-    return sorted(found, key=_natural_key), notes
+            else:
+                dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+    return sorted(found, key=natural_key), notes
 
 
-def _is_run_dir(path: Path, filenames: list[str]) -> bool:
+def is_run_dir(path: Path, filenames: list[str]) -> bool:
+    """Whether ``path`` (holding ``filenames``) is a run directory: one of the run files, or Hydra's config."""
     return any(f in filenames for f in RUN_FILES) or (path / ".hydra" / M.CONFIG_FILE).is_file()
 
 
-def _natural_key(path: Path) -> list[Any]:
+def is_wandb_file(path: Path) -> bool:
+    """A W&B run's transaction log, ``run-<id>.wandb`` (written online and offline alike)."""
+    return bool(WANDB_FILE.fullmatch(path.name)) and path.is_file()
+
+
+def is_wandb_run_folder(filenames: list[str]) -> bool:
+    """A W&B run folder (``offline-run-<time>-<id>``, ``run-<time>-<id>``): it holds a ``run-<id>.wandb``."""
+    return any(WANDB_FILE.fullmatch(f) for f in filenames)
+
+
+def natural_key(path: Path) -> list[Any]:
     """Sort ``2/`` before ``10/`` (Hydra numbers multirun jobs without padding)."""
     return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.parts]
 
@@ -737,6 +752,8 @@ def read_run_dir(run_dir: Path, run_id: str, keep: Keep | None = None) -> RunRec
     full = None
     if (run_dir / M.METRICS_FILE).is_file():
         full, hist, extras = _read_history(run_dir / M.METRICS_FILE, run_id, metrics_problems, keep, summary is None)
+    if not len(hist.index) and not metrics_problems:
+        metrics_problems.append(no_history(run_dir, run_id))
     cfg, cfg_corrupt = read_config(run_dir, run_id, config_problems)
     if cfg_corrupt:
         status = STATUS_CORRUPT
@@ -751,6 +768,18 @@ def read_run_dir(run_dir: Path, run_id: str, keep: Keep | None = None) -> RunRec
     return RunRecord(run_id, str(run_dir), run_dir.name, status, values, cfg, hist, extras, problems)
 
 
+def no_history(run_dir: Path, run_id: str) -> str:
+    """The problem line of a run whose metrics.jsonl is missing or holds no row: what the report lacks for it,
+    and where its history may still be (a W&B run file under the run's wandb/)."""
+    what = f"{M.METRICS_FILE} is empty" if (run_dir / M.METRICS_FILE).exists() else f"no {M.METRICS_FILE}"
+    line = (f"{run_id}: {what}: no curves for this run, and no value read from the history "
+            f"({INIT_VAL_LOSS}, first-probe gradients, extrapolation losses)")  # fmt: skip
+    wandb_dir = run_dir / "wandb"
+    if wandb_dir.is_dir() and any(is_wandb_run_folder(os.listdir(d)) for d in wandb_dir.iterdir() if d.is_dir()):
+        line += f"; its W&B run holds them: python -m analysis.report {wandb_dir} --out DIR"
+    return line
+
+
 def load_runs(paths: Iterable[str | Path] | str | Path, keep: Keep | None = None, workers: int = 1) -> RunSet:
     """Load every run at or below ``paths``. Raises :class:`AnalysisError` when a path is not a directory or
     no run is found.
@@ -760,17 +789,46 @@ def load_runs(paths: Iterable[str | Path] | str | Path, keep: Keep | None = None
     for them.
     """
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    for raw in paths:  # a mistyped path is bad input, not an empty sweep
-        root = Path(raw).expanduser()
-        if not root.is_dir():
-            what = "not a directory" if root.exists() else "no such directory"
-            raise AnalysisError(f"{raw}: {what}; give run directories, multirun roots or folders holding them")
+    check_paths(paths)
     run_dirs, problems = find_run_dirs(paths)
     if not run_dirs:
-        raise AnalysisError("no runs found under: " + ", ".join(str(p) for p in paths))
-    base = Path(os.path.commonpath([str(d) for d in run_dirs]))
-    ids = [d.relative_to(base).as_posix() if d != base else d.name for d in run_dirs]
-    jobs = list(zip(run_dirs, ids))
+        raise no_runs(paths)
+    return load_run_dirs(run_dirs, problems, keep, workers)
+
+
+def check_paths(paths: Sequence[str | Path]) -> None:
+    """Raise :class:`AnalysisError` (one line) for a path that is neither a folder nor a W&B run file: a
+    mistyped path is bad input, not an empty sweep."""
+    for raw in paths:
+        root = Path(raw).expanduser()
+        if not root.is_dir() and not is_wandb_file(root):
+            what = "not a directory" if root.exists() else "no such directory"
+            raise AnalysisError(f"{raw}: {what}; give run directories, multirun roots, folders holding them, "
+                                "or W&B run folders (wandb/, offline-run-*)")  # fmt: skip
+
+
+def no_runs(paths: Sequence[str | Path]) -> AnalysisError:
+    return AnalysisError("no runs found under: " + ", ".join(str(p) for p in paths)
+                         + " (no run record, no W&B run file run-*.wandb)")  # fmt: skip
+
+
+def run_ids(locations: Sequence[Path]) -> list[str]:
+    """Each run's id: its folder relative to the common ancestor of all (unique across several sweeps), or its
+    name when it is the only one."""
+    base = Path(os.path.commonpath([str(d) for d in locations]))
+    return [d.relative_to(base).as_posix() if d != base else d.name for d in locations]
+
+
+def load_run_dirs(
+    run_dirs: Sequence[Path],
+    problems: list[str],
+    keep: Keep | None = None,
+    workers: int = 1,
+    ids: Sequence[str] | None = None,
+) -> RunSet:
+    """The runs of ``run_dirs`` (found by :func:`find_run_dirs`, with its notes in ``problems``), with the run
+    ids ``ids`` (default: :func:`run_ids`)."""
+    jobs = list(zip(run_dirs, ids or run_ids(run_dirs)))
     records = fork_map(
         lambda job: read_run_dir(job[0], job[1], keep),
         jobs,

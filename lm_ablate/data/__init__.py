@@ -150,8 +150,8 @@ def load_data(cfg: Any) -> TokenData:
             write_atomic(folder / "meta.json", lambda f: f.write(blob))
             hit = open_cached(folder)
             assert hit is not None, f"token cache {folder} unreadable right after writing it"
-    _, train, val = hit
-    return TokenData(train, val, tokenizer.vocab_size, tokenizer, key)
+    meta, train, val = hit
+    return TokenData(train, val, tokenizer.vocab_size, tokenizer, key, meta, source)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ class TokenData:
     vocab_size: int
     tokenizer: Any  # vocab_size, encode(text), decode(ids) (lm_ablate/data/tokenizers.py)
     key: str  # identity of source, split settings and tokenizer (the token cache's folder name)
+    meta: dict = field(default_factory=dict)  # the cache entry's meta.json (train_docs, ...); {} for data=tokens
+    source: Any = None  # the TextSource the text came from (the held-out text of val/bpb); None for data=tokens
 
 
 def digest(obj: Any) -> str:

@@ -32,6 +32,7 @@ from analysis.compute.claims import (
     WHY_NO_ARM_VALUES,
     WHY_NO_BASELINE,
     WHY_NO_BASELINE_VALUES,
+    WHY_NO_BPB,
     WHY_NO_CONTEXT,
     WHY_NO_INTERVAL,
     WHY_NO_MULTIPLIER,
@@ -50,6 +51,7 @@ from analysis.compute.scaling import HELD_OUT_GOAL
 from analysis.present.document import Block, Bullets, Heading, Para, Table
 from analysis.present.format import finite
 from analysis.sources.values import override_text
+from lm_ablate import metrics as M
 from lm_ablate.claim_spec import EQUAL, HIGHER, LOWER, Claim
 
 MAX_CONTEXTS_IN_FINDING = 4
@@ -66,6 +68,7 @@ METRIC_WORDS = {
     "init_grad_growth": "last-block / first-block grad norm at init",
     "lr_sensitivity": "LR sensitivity",
     "compute_multiplier": "compute multiplier",
+    "final_val_bpb": "val bits per byte",
     "downstream": "{task} {kind}",  # the claim's task and kind: shakespeare_order acc
 }
 WHY_TEXT = {
@@ -77,6 +80,7 @@ WHY_TEXT = {
     WHY_NO_ARM_VALUES: "no run of the arm has a value (not completed, or the metric was not logged)",
     WHY_NO_BASELINE_VALUES: "no run of the baseline has a value (not completed, or the metric was not logged)",
     WHY_NO_INTERVAL: "one seed per side: no interval",
+    WHY_NO_BPB: f"val bits per byte {M.NO_BPB_RECORDED}",
     WHY_NO_SCALING: "the runs do not vary model size (no scaling fit)",
     WHY_NOT_SCALING_BASELINE: "compute multipliers are against the scaling study's baseline, not this one",
     WHY_NO_MULTIPLIER: "the scaling study has no multiplier for the arm there",

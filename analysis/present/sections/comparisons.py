@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.compute.compare import ALL_RUNS, TEST_PAIRED, TEST_WELCH, Comparison, key_label
+from analysis.compute.compare import ALL_RUNS, REFUSED, TEST_PAIRED, TEST_WELCH, Comparison, key_label
 from analysis.present.document import Block, Fig, Heading, Para, Table
 from analysis.present.format import STALL_WORDS, count, delta_text, finite, mean_pm, p_text, rate_text, ratio_text
 from analysis.present.style import PlotFigure
@@ -49,6 +49,8 @@ def test_name(test: str, n_pairs: Any) -> str:
 
 def score_label(score: str) -> str:
     """``downstream/shakespeare_order/acc`` as a column names it: ``shakespeare_order acc``."""
+    if score == M.FINAL_VAL_BPB:
+        return "val bits per byte"
     m = DOWNSTREAM_KEY.match(score)
     return f"{m.group(1)} {m.group(2)}" if m else score
 
@@ -143,6 +145,8 @@ def comparison_blocks(comp: Comparison, index: int, figures: list[PlotFigure]) -
         "counted; where an arm has any, its seeds are listed one by one."
     )
     text += scores_text(comp)
+    if REFUSED in comp.table:  # the arms differ in tokenizer: no Δ of per-token loss (compute/compare.py)
+        text += f" Δ final val loss: refused, {comp.table[REFUSED].iloc[0]}."
     out += [Para(text), _comparison_table(comp)]
     for fig in figures:
         out.append(Fig(fig, f"fig{index:02d}_{fig.name}.png"))
@@ -152,9 +156,16 @@ def comparison_blocks(comp: Comparison, index: int, figures: list[PlotFigure]) -
 def scores_text(comp: Comparison) -> str:
     """What the downstream columns hold, when the table has any ("" otherwise: the paragraph is as before)."""
     shown, same = shown_scores(comp)
+    text = ""
+    if M.FINAL_VAL_BPB in shown:
+        shown = [s for s in shown if s != M.FINAL_VAL_BPB]
+        text += (
+            " Val bits per byte: each completed run's nats over the held-out text at the end / (ln 2 x its UTF-8 "
+            "bytes), the same text for every tokenizer (docs/data.md); a run made before it existed has none."
+        )
     if not shown:
-        return ""
-    text = (
+        return text
+    text += (
         " Downstream scores (the eval group, docs/evaluation.md): each completed run's last evaluation, mean ± "
         "95% CI over seeds, and Δ arm − baseline with its 95% interval by the test final val loss uses (paired by "
         "seed where both arms have two seeds with the score, else Welch); acc and acc_norm are fractions right "
