@@ -11,6 +11,7 @@ the package import the floor they need, never this one from below (tests/test_im
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -133,8 +134,33 @@ def compose_error_message(err: BaseException) -> str | None:
             why = "must be true or false"
         elif "is not Optional" in why:
             why = "must not be null"
+        elif "is not a ListConfig" in why:  # OmegaConf: "str is not a ListConfig, list or tuple"
+            why = _list_form(key)
         return f"{key}={'null' if cause.value is None else repr(cause.value)} is invalid: {why}"
     return _first(str(err))
+
+
+def _list_form(key: str) -> str:
+    """What a list-typed key takes, from the schema's annotation: ``must be a list of numbers, e.g.
+    ladder.budgets=[0.5,1,2]`` (a Hydra override writes a list in brackets)."""
+    import dataclasses
+    import typing
+
+    hint: Any = Config
+    for part in key.split("."):
+        fields = {f.name: f for f in dataclasses.fields(hint)} if dataclasses.is_dataclass(hint) else {}
+        if part not in fields:
+            return "must be a list, written [a,b,...]"
+        hint = typing.get_type_hints(hint)[part]
+    if typing.get_origin(hint) is typing.Union:  # Optional[list[X]]: list[X]
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    element = (typing.get_args(hint) or (Any,))[0]
+    if typing.get_origin(element) is dict or dataclasses.is_dataclass(element):
+        kind, example = "mappings", "[{key:value,...}]"
+    else:
+        kinds = {int: ("integers", "[2,4]"), float: ("numbers", "[0.5,1,2]"), str: ("strings", "[a,b]")}
+        kind, example = kinds.get(element, ("values", "[a,b]"))
+    return f"must be a list of {kind} in brackets, e.g. {key}={example} ([] for none)"
 
 
 def _first(text: str) -> str:

@@ -92,6 +92,7 @@ CASES = [
     case("unknown_group_option", "train", "norm=rmsnrom", "norm='rmsnrom'", "allowed: layernorm, none, rmsnorm"),
     case("unknown_key", "train", "model.n_head=4", "model.n_head=4", "unknown key", "n_heads"),
     case("wrong_type", "train", "optim.lr=fast", "optim.lr='fast'", "must be a float"),
+    case("not_a_list", "train", "tracking.tags=5", "tracking.tags=5 is invalid: must be a list of strings", "=[a,b]"),
     case(
         "appended_unknown_key",
         "train",
@@ -764,3 +765,39 @@ def test_cost_takes_overrides_after_its_options(capsys) -> None:
     with pytest.raises(SystemExit):  # an unknown option is still argparse's error
         main(["model=tiny", "--wrold", "2"])
     assert "unrecognized arguments: --wrold" in capsys.readouterr().err
+
+
+def _list_keys(schema: type, prefix: str = "") -> list[str]:
+    """Every list-typed key of the config schema (lm_ablate/schema.py), dotted."""
+    import dataclasses
+    import typing
+
+    out = []
+    for f in dataclasses.fields(schema):
+        hint = typing.get_type_hints(schema)[f.name]
+        if typing.get_origin(hint) is typing.Union:
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        if dataclasses.is_dataclass(hint):
+            out += _list_keys(hint, f"{prefix}{f.name}.")
+        elif typing.get_origin(hint) is list:
+            out.append(f"{prefix}{f.name}")
+    return out
+
+
+def test_every_list_key_says_its_form_in_one_line() -> None:
+    """A list-typed key given a scalar leaked OmegaConf's "str is not a ListConfig, list or tuple": one line naming
+    the key, what its entries are (from the schema) and how a list is written."""
+    from lm_ablate.config import Config, compose, compose_error_message
+
+    keys = _list_keys(Config)
+    assert {"ladder.budgets", "tracking.tags", "train.extrapolation", "ladder.rungs", "eval.tasks"} <= set(keys)
+    kinds = {"ladder.budgets": "numbers", "tracking.tags": "strings", "train.extrapolation": "integers",
+             "ladder.rungs": "mappings", "eval.tasks": "mappings"}  # fmt: skip
+    for key in keys:
+        with pytest.raises(Exception) as err:
+            compose([f"{key}=abc"])
+        line = compose_error_message(err.value)
+        assert line is not None and line.startswith(f"{key}='abc' is invalid: must be a list of "), line
+        assert "ListConfig" not in line and "\n" not in line and f"e.g. {key}=[" in line
+        if key in kinds:
+            assert f"a list of {kinds[key]} in brackets" in line, line
