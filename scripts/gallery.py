@@ -2,7 +2,8 @@
 
     python scripts/gallery.py run [STUDY ...]   # train the studies (default: all) into runs/gallery/<study>
     python scripts/gallery.py build             # rebuild results/ from runs/gallery/: each report's markdown,
-                                                # figures and tables, and results/README.md
+                                                # figures and tables, runs.csv, and results/README.md
+    python scripts/gallery.py check STUDY [--run NAME]   # rerun one committed run, compare its final val loss
 
 ``run`` calls ``python -m lm_ablate.study STUDY --out runs/gallery/STUDY tracking=none train.progress=false`` one
 study after the other and appends each one's wall time, thread count and load average to runs/gallery/times.txt
@@ -12,26 +13,40 @@ side, one core each). ``build`` only reads the run records, so the reports can b
 analysis code without training again; a study without runs keeps its committed folder and rows, and with no runs
 at all ``build`` refuses (exit 2) and writes nothing. Figures are re-encoded with a 256-, 128- or 64-colour palette (and
 then scaled down) when a study's folder would pass FOLDER_LIMIT.
+
+``build`` also writes results/<study>/runs.csv, one row per run: its name, arm (each override key a column), seed,
+status, stalled, steps, final val loss and downstream scores, what decides its digits (lm_ablate/provenance.py:
+torch version, CPU capability, threads, device; empty where a run recorded before them did not say) and the
+overrides that make its command. ``check`` reruns one of those runs (``--run NAME``; default: the first completed
+one) from that command, into a temporary folder with tracking=none, and prints one line: equal digits, or the
+difference against the arm's seed spread (std over its seeds in runs.csv) with what differs between the machines.
+Exit 1 only when the digits differ although everything recorded matches (docs/running.md, "What reproducible
+means here").
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pandas as pd
 
 from analysis.compute.claims import NOTE_CELL_BEST_LR
+from lm_ablate import metrics as M
+from lm_ablate import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "gallery"
 RESULTS = ROOT / "results"
+SWEEPS = ROOT / "sweeps"
 FOLDER_LIMIT = 1_500_000  # bytes of figures per study
 STUDIES = [
     "norm_2x2", "pre_vs_post_norm", "prepost_map", "rmsnorm_vs_layernorm", "norm_placement", "position",
@@ -138,7 +153,173 @@ def build_study(study: str) -> Path:
     for png in report.glob("*.png"):
         shutil.copy2(png, target / png.name)
     shrink_figures(target)
+    runs_table([runs, *parts]).to_csv(target / RUNS_CSV, index=False)
     return target
+
+
+# --- results/<study>/runs.csv and the check that reruns one of its runs ------------------------------------
+RUNS_CSV = "runs.csv"
+# overrides the check sets itself (or that name this machine's folders), left out of a run's recorded command
+NOT_COMMAND = ("tracking", "train.progress", "train.threads", "train.device", "train.resume", "hydra", "data.cache_dir",
+               "data.num_proc")  # fmt: skip
+
+
+def recorded_overrides(run_dir: Path) -> list[str] | None:
+    """The run's command-line overrides (Hydra's .hydra/overrides.yaml) without NOT_COMMAND's; None where the run
+    has none (a ladder's decay branch, trained inside its parent's process)."""
+    import yaml
+
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return None
+    lines = yaml.safe_load(path.read_text()) or []
+    return [o for o in map(str, lines) if not o.lstrip("+~").partition("=")[0].startswith(NOT_COMMAND)]
+
+
+def _key(override: str) -> str:
+    return override.lstrip("+~").partition("=")[0]
+
+
+def runs_table(folders: list[Path]) -> pd.DataFrame:
+    """One row per run under ``folders``: run, arm (its overrides but the seed, one column per key too), seed,
+    status, stalled (judged as the report judges it), steps, final val loss and bits per byte (empty before runs
+    recorded it), downstream scores, the provenance
+    fields (empty where the run did not record them: a config's explicit train.threads and train.device count as
+    recorded) and ``overrides``, the JSON list the check reruns it from."""
+    from analysis.sources.load import downstream_keys, load_runs
+
+    runset = load_runs([f for f in folders if f.is_dir()], keep=lambda column: False)
+    runs = runset.runs
+    rows, keys = [], []
+    for _, r in runs.iterrows():
+        run_dir = Path(r["run_dir"])
+        try:
+            summary = M.from_json(json.loads((run_dir / M.SUMMARY_FILE).read_text()))
+        except (OSError, ValueError):
+            summary = {}
+        overrides = recorded_overrides(run_dir)
+        arm = [o for o in overrides or [] if _key(o) != M.SEED]
+        keys += [_key(o) for o in arm if _key(o) not in keys]
+        recorded = {k: summary.get(k) for k in M.PROVENANCE}
+        if recorded[M.TORCH_VERSION] is None:  # a run from before provenance was recorded: what its config fixed
+            threads, device = r.get("train.threads"), r.get("train.device")
+            recorded[M.THREADS] = provenance.value(threads)
+            recorded[M.DEVICE] = device if device in ("cpu", "cuda", "mps") else None
+        earlier = summary.get(M.PROVENANCE_EARLIER)
+        rows.append({
+            "run": r[M.RUN_NAME], "arm": ",".join(arm), **{_key(o): o.partition("=")[2] for o in arm},
+            M.SEED: r[M.SEED], M.STATUS: r[M.STATUS], M.STALLED: r[M.STALLED], M.STEPS: r[M.STEPS],
+            M.FINAL_VAL_LOSS: r[M.FINAL_VAL_LOSS], M.FINAL_VAL_BPB: summary.get(M.FINAL_VAL_BPB),
+            **{k: r[k] for k in downstream_keys(runs.columns)},
+            **{k: provenance.value(v) for k, v in recorded.items()},
+            M.PROVENANCE_EARLIER: json.dumps(earlier) if earlier else None,
+            "overrides": json.dumps(overrides) if overrides is not None else None, "run_id": r["run_id"],
+        })  # fmt: skip
+    lead = ["run", "arm", *keys, M.SEED]
+    table = pd.DataFrame.from_records(rows)
+    return table[lead + [c for c in table.columns if c not in lead]]
+
+
+def read_runs(study: str) -> pd.DataFrame:
+    """results/<study>/runs.csv (to_csv writes each float's shortest round-trip repr and pandas 3 reads it back
+    exactly: equal digits are equal floats)."""
+    return pd.read_csv(RESULTS / study / RUNS_CSV, dtype={"run": str, "arm": str})
+
+
+def pick_run(table: pd.DataFrame, name: str | None) -> pd.Series:
+    """The row of run ``name`` (its name or run_id), else the first completed run with a recorded command."""
+    if name is None:
+        ok = table[(table[M.STATUS] == M.STATUS_COMPLETED) & table["overrides"].notna()]
+        if ok.empty:
+            raise ValueError("no completed run with a recorded command in runs.csv")
+        return ok.iloc[0]
+    hit = table[(table["run"] == name) | (table["run_id"].astype(str) == name)]
+    if hit.empty:
+        shown = ", ".join(table["run"].astype(str).head(4))
+        raise ValueError(f"--run={name!r} is invalid: no such run in runs.csv; allowed: a run name ({shown}, ...)")
+    return hit.iloc[0]
+
+
+def seed_spread(table: pd.DataFrame, arm: str) -> tuple[float, int]:
+    """(sample standard deviation, n) of the final val loss over the completed seeds of ``arm``."""
+    same = table[(table["arm"].fillna("") == arm) & (table[M.STATUS] == M.STATUS_COMPLETED)]
+    values = pd.to_numeric(same[M.FINAL_VAL_LOSS], errors="coerce").dropna()
+    return (float(values.std(ddof=1)) if len(values) > 1 else math.nan), len(values)
+
+
+def machine_text(fields: dict) -> str:
+    """e.g. "torch 2.13.0+cpu, AVX2 kernels, 1 thread, cpu" (with the GPU and CUDA version on CUDA)."""
+    value = {k: provenance.value(fields.get(k)) for k in M.PROVENANCE}
+    threads = value[M.THREADS]
+    parts = [f"torch {value[M.TORCH_VERSION] or '?'}", f"{value[M.CPU_CAPABILITY] or '?'} kernels",
+             f"{threads if threads is not None else '?'} thread{'' if threads == 1 else 's'}", value[M.DEVICE] or "?"]  # fmt: skip
+    if value[M.DEVICE] == "cuda":
+        parts += [f"{value[M.GPU_NAME]}, CUDA {value[M.CUDA_VERSION]}, cuDNN {value[M.CUDNN_VERSION]}"]
+    return ", ".join(parts)
+
+
+def compare(row: pd.Series, rerun: dict, spread: tuple[float, int]) -> tuple[str, int]:
+    """(the check's one line, exit status) for a committed run's row and its rerun's summary. Equal digits: the
+    final val losses are the same float. Exit 1 only when they differ while every recorded provenance field
+    matches this machine's: that run is not reproducible, whatever the seed spread."""
+    recorded, now = float(row[M.FINAL_VAL_LOSS]), float(rerun.get(M.FINAL_VAL_LOSS, math.nan))
+    differ, missing = provenance.differences(row.to_dict(), rerun)
+    same = recorded == now or (math.isnan(recorded) and math.isnan(now))
+    earlier = isinstance(row.get(M.PROVENANCE_EARLIER), str)
+    if differ:
+        why = "the machine differs: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in differ.items())
+    elif missing:
+        why = f"the committed run did not record {', '.join(missing)} (recorded before lm_ablate/provenance.py)"
+    elif earlier:
+        why = f"the committed run was resumed on another machine ({M.PROVENANCE_EARLIER} in runs.csv)"
+    else:
+        why = ""
+    if same:
+        where = (
+            f"on a matching machine ({machine_text(rerun)})" if not why else f"({machine_text(rerun)}), though {why}"
+        )
+        return f"equal digits: final val loss {recorded!r} recorded and rerun {where}", 0
+    std, n = spread
+    d = now - recorded
+    against = (f"{abs(d) / std:.2f}x the arm's seed spread (std {std:.4f} over {n} seeds)" if std > 0
+               else f"no seed spread to compare with ({n} completed seed{'s' if n != 1 else ''} of this arm)")  # fmt: skip
+    numbers = f"recorded {recorded:.6f}, rerun {now:.6f}: difference {d:+.6f}, {against}"
+    if not why:
+        return f"DIFFERENT digits on a matching machine ({machine_text(rerun)}): {numbers}", 1
+    return f"different digits, as expected when {why}: {numbers}", 0
+
+
+def check(study: str, name: str | None = None) -> int:
+    """Rerun one run of results/<study>/runs.csv (see the module docstring) and print the comparison."""
+    table = read_runs(study)
+    try:
+        row = pick_run(table, name)
+    except ValueError as err:
+        print(f"lm-ablate: error: {err}", file=sys.stderr)
+        return 2
+    if not isinstance(row["overrides"], str):
+        print(f"lm-ablate: error: run {row['run']} has no recorded command (a ladder's decay branch is trained by "
+              "the run it branches from: check that run)", file=sys.stderr)  # fmt: skip
+        return 2
+    threads, device = provenance.value(row.get(M.THREADS)), provenance.value(row.get(M.DEVICE))
+    with tempfile.TemporaryDirectory(prefix=f"check_{study}_") as tmp:
+        out = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "lm_ablate.train", "--config-dir", str(SWEEPS), "--config-name", study,
+               "hydra.mode=RUN", f"hydra.run.dir={out}", *json.loads(row["overrides"]), "tracking=none",
+               "train.progress=false"]  # fmt: skip
+        cmd += [f"train.threads={threads}"] if threads is not None else []
+        cmd += ["train.device=cpu"] if device == "cpu" else []
+        print(f"check: {study}: rerunning {row['run']}: python {' '.join(cmd[1:])}", file=sys.stderr)
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            print(f"lm-ablate: error: the rerun of {row['run']} failed (exit {done.returncode}): {last}",
+                  file=sys.stderr)  # fmt: skip
+            return done.returncode
+        rerun = M.from_json(json.loads((out / M.SUMMARY_FILE).read_text()))
+    line, rc = compare(row, rerun, seed_spread(table, row["arm"] if isinstance(row["arm"], str) else ""))
+    print(f"check {study} {row['run']}: {line}")
+    return rc
 
 
 def _number(x: float, ratio: bool) -> str:
@@ -365,7 +546,10 @@ def build(studies: list[str]) -> int:
             "Every study run at its full size (3 seeds; 2 for lr_transfer) on the 2-core CPU machine, with",
             "`python scripts/gallery.py run` (`python -m lm_ablate.study STUDY tracking=none` per study; times below),",
             "and its report rebuilt with `python scripts/gallery.py build`. Each folder holds the report's markdown,",
-            "figures and tables (claims.csv, comparisons.csv). Every verdict below is computed from the runs by",
+            "figures and tables (claims.csv, comparisons.csv; runs.csv: each run's final values and the torch version,",
+            "CPU kernels, threads and device that decided its digits, [what reproducible means",
+            "here](../docs/running.md#what-reproducible-means-here); `python scripts/gallery.py check STUDY` reruns",
+            "one). Every verdict below is computed from the runs by",
             "`analysis/compute/claims.py` (held: the 95% interval of arm − baseline excludes 0 in the expected direction;",
             "equal: the 90% interval lies inside ±margin, TOST; contradicted: the interval excludes 0 the other way;",
             "mixed: the contexts disagree). Ratio metrics (tokens/s, attention logit, compute multiplier) are",
@@ -403,12 +587,22 @@ def build(studies: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python scripts/gallery.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("run", "build"))
-    parser.add_argument("studies", nargs="*", help=f"default: all ({', '.join(STUDIES)})")
+    parser.add_argument("action", choices=("run", "build", "check"))
+    parser.add_argument("studies", nargs="*", help=f"default: all ({', '.join(STUDIES)}); check: one study")
+    parser.add_argument("--run", help="check: the run to rerun (its name in runs.csv; default: the first completed)")
     parser.add_argument("--threads", type=int, help="run: train.threads for every run (1 when two run side by side)")
     parser.add_argument("--launcher", choices=("basic", "joblib"), default="basic",
                         help="run: joblib trains two runs of a study side by side, one core each")  # fmt: skip
     args = parser.parse_intermixed_args(argv)
+    if args.action == "check":
+        checkable = sorted(
+            p.parent.name for p in RESULTS.glob(f"*/{RUNS_CSV}") if (SWEEPS / f"{p.parent.name}.yaml").is_file()
+        )
+        if len(args.studies) != 1 or args.studies[0] not in checkable:
+            parser.error(f"check needs one study with a results/<study>/{RUNS_CSV} and a sweep, got "
+                         f"{' '.join(args.studies) or 'none'}; allowed: {', '.join(checkable) or 'none yet (build writes them)'}")  # fmt: skip
+        os.chdir(ROOT)
+        return check(args.studies[0], args.run)
     studies = args.studies or STUDIES
     unknown = sorted(set(studies) - set(STUDIES))
     if unknown:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import re
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -268,3 +270,136 @@ def test_each_committed_figure_is_one_its_report_shows(study):
     folder = ROOT / "results" / study
     shown = set(re.findall(r"\]\(([^)\s]+\.png)\)", (folder / "report.md").read_text()))
     assert {p.name for p in folder.glob("*.png")} == shown
+
+
+# --- runs.csv and the check that reruns a committed run (issue 46.10) ------------------------------------------
+HERE = {"torch_version": "2.13.0+cpu", "cpu_capability": "AVX2", "threads": 1, "device": "cpu", "cuda_version": None,
+        "cudnn_version": None, "gpu_name": None}  # fmt: skip
+
+
+def _record(folder: Path, summary: dict, config: dict, overrides: list[str] | None) -> None:
+    """A run folder as the loop leaves it (no metrics.jsonl: the analysis then reads the recorded stall flag)."""
+    import yaml
+
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    if overrides is not None:
+        (folder / ".hydra").mkdir()
+        (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+
+
+def test_runs_csv_has_each_runs_values_and_provenance_and_leaves_unrecorded_fields_empty(gallery, tmp_path):
+    base = {"status": "completed", "steps": 100, "stalled": False, "unigram_loss": 3.31}
+    config = {"seed": 0, "norm": {"name": "rmsnorm"}, "train": {"threads": None, "device": "auto"}}
+    runs = tmp_path / "study"
+    _record(runs / "0", {**base, "run_name": "norm=rmsnorm,seed=0", "seed": 0, "final_val_loss": 2.7276120185852051,
+                         "final_val_bpb": 3.9, "downstream/order/acc": 0.66, **HERE},
+            config, ["norm=rmsnorm", "seed=0", "tracking=none", "train.threads=1", "train.progress=false"])  # fmt: skip
+    # recorded before provenance: nothing of it known, except what its config fixed
+    _record(runs / "1", {**base, "run_name": "norm=rmsnorm,seed=1", "seed": 1, "final_val_loss": 2.8},
+            {**config, "seed": 1}, ["norm=rmsnorm", "seed=1"])  # fmt: skip
+    _record(runs / "2", {**base, "run_name": "norm=rmsnorm,seed=2", "seed": 2, "final_val_loss": 3.30, "stalled": True},
+            {**config, "seed": 2, "train": {"threads": 1, "device": "cpu"}}, ["norm=rmsnorm", "seed=2"])  # fmt: skip
+    # a ladder's decay branch: trained inside its parent's process, so no command of its own
+    _record(runs / "0~budget0.5", {**base, "run_name": "norm=rmsnorm,seed=0,ladder.budget=0.5", "seed": 0,
+                                   "final_val_loss": 2.9, **HERE}, config, None)  # fmt: skip
+    gallery.RESULTS = tmp_path / "results"
+    (gallery.RESULTS / "study").mkdir(parents=True)
+    gallery.runs_table([runs]).to_csv(gallery.RESULTS / "study" / "runs.csv", index=False)
+    table = gallery.read_runs("study").set_index("run_id")
+    assert list(table.columns[:4]) == ["run", "arm", "norm", "seed"]
+    new, old, fixed, branch = (table.loc[i] for i in ("0", "1", "2", "0~budget0.5"))
+    assert new["final_val_loss"] == 2.7276120185852051  # every digit survives the CSV
+    assert new["arm"] == "norm=rmsnorm" and new["norm"] == "rmsnorm" and new["seed"] == 0
+    assert new["downstream/order/acc"] == 0.66 and new["final_val_bpb"] == 3.9 and new["steps"] == 100
+    assert {k: new[k] for k in ("torch_version", "cpu_capability", "threads", "device")} == {
+        "torch_version": "2.13.0+cpu", "cpu_capability": "AVX2", "threads": 1, "device": "cpu"}  # fmt: skip
+    assert json.loads(new["overrides"]) == ["norm=rmsnorm", "seed=0"]  # what the check sets itself is left out
+    # not recorded: empty, not guessed; a config's explicit train.threads and train.device were recorded
+    assert old[["torch_version", "cpu_capability", "threads", "device", "final_val_bpb"]].isna().all()
+    assert fixed[["torch_version", "cpu_capability"]].isna().all()
+    assert fixed["threads"] == 1 and fixed["device"] == "cpu" and bool(fixed["stalled"]) and not bool(old["stalled"])
+    assert pd.isna(branch["overrides"]) and branch["run"] == "norm=rmsnorm,seed=0,ladder.budget=0.5"
+    assert gallery.seed_spread(gallery.read_runs("study"), "norm=rmsnorm") == pytest.approx(
+        (statistics.stdev([2.7276120185852051, 2.8, 3.30]), 3)  # the completed seeds of the arm, branch apart
+    )
+    assert gallery.check("study", "norm=rmsnorm,seed=0,ladder.budget=0.5") == 2  # refused: no command of its own
+    assert gallery.check("study", "seed=9") == 2  # no such run
+
+
+def _row(**kw) -> pd.Series:
+    return pd.Series({"run": "norm=rmsnorm,seed=0", "arm": "norm=rmsnorm", "final_val_loss": 2.7276, **HERE, **kw})
+
+
+def test_check_line_equal_digits_or_the_difference_against_the_seed_spread(gallery):
+    spread = (0.08, 3)
+    line, rc = gallery.compare(_row(), {**HERE, "final_val_loss": 2.7276}, spread)
+    assert rc == 0 and line.startswith("equal digits: final val loss 2.7276 recorded and rerun on a matching machine")
+    # the same machine, other digits: not reproducible
+    line, rc = gallery.compare(_row(), {**HERE, "final_val_loss": 2.7276 + 0.004}, spread)
+    assert rc == 1 and line.startswith(
+        "DIFFERENT digits on a matching machine (torch 2.13.0+cpu, AVX2 kernels, 1 thread"
+    )
+    assert "difference +0.004000, 0.05x the arm's seed spread (std 0.0800 over 3 seeds)" in line
+    # the issue's case: recorded with AVX-512 kernels, rerun with AVX2
+    line, rc = gallery.compare(_row(cpu_capability="AVX512"), {**HERE, "final_val_loss": 2.7402}, spread)
+    assert rc == 0 and line == (
+        "different digits, as expected when the machine differs: cpu_capability AVX512 -> AVX2: recorded 2.727600, "
+        "rerun 2.740200: difference +0.012600, 0.16x the arm's seed spread (std 0.0800 over 3 seeds)"
+    )
+    old = _row(torch_version=math.nan, cpu_capability=math.nan, threads=math.nan, device=math.nan)
+    line, rc = gallery.compare(old, {**HERE, "final_val_loss": 2.7547}, (math.nan, 1))
+    assert rc == 0 and "did not record torch_version, cpu_capability, threads, device" in line
+    assert "no seed spread to compare with (1 completed seed of this arm)" in line
+    line, rc = gallery.compare(_row(provenance_earlier='[{"threads": 2}]'), {**HERE, "final_val_loss": 2.7}, spread)
+    assert rc == 0 and "resumed on another machine" in line
+
+
+TINY_STUDY = """defaults:
+  - train
+  - override debug: smoke
+  - _self_
+train:
+  max_steps: 6
+  eval_every: 3
+hydra:
+  mode: MULTIRUN
+  sweeper:
+    params:
+      seed: 0,1
+"""
+
+
+@pytest.mark.slow
+def test_check_reruns_a_committed_run_and_finds_its_digits(gallery, tmp_path, monkeypatch, capsys, cache_dir):
+    """End to end: a tiny study trained as the gallery trains it, its runs.csv, then ``check``: equal digits;
+    a tampered value in runs.csv: the difference, against the seed spread, exit 1 (same machine)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("LM_ABLATE_CACHE", cache_dir)
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    (sweeps / "tiny.yaml").write_text(TINY_STUDY)
+    runs = tmp_path / "runs" / "tiny"
+    subprocess.run([sys.executable, "-m", "lm_ablate.train", "--config-dir", str(sweeps), "--config-name", "tiny",
+                    f"hydra.sweep.dir={runs}", "hydra.sweep.subdir=${hydra:job.num}", "tracking=none",
+                    "train.threads=1"], cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+    monkeypatch.setattr(gallery, "SWEEPS", sweeps)
+    monkeypatch.setattr(gallery, "RESULTS", tmp_path / "results")
+    (gallery.RESULTS / "tiny").mkdir(parents=True)
+    csv = gallery.RESULTS / "tiny" / "runs.csv"
+    gallery.runs_table([runs]).to_csv(csv, index=False)
+    capsys.readouterr()
+    assert gallery.main(["check", "tiny", "--run", "seed=1"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("check tiny seed=1: equal digits: final val loss ") and "on a matching machine" in line
+    table = pd.read_csv(csv)
+    table.loc[table["run"] == "seed=1", "final_val_loss"] += 0.001
+    table.to_csv(csv, index=False)
+    assert gallery.main(["check", "tiny", "--run", "seed=1"]) == 1
+    std = statistics.stdev(table["final_val_loss"])
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("check tiny seed=1: DIFFERENT digits on a matching machine")
+    assert f"difference -0.001000, {0.001 / std:.2f}x the arm's seed spread (std {std:.4f} over 2 seeds)" in line
