@@ -107,14 +107,22 @@ def plan(cfg: Any, n_params: int, run_dir: Path | None = None) -> list[Branch]:
     lr_parent = build_schedule(cfg.optim, parent)
     out: list[Branch] = []
     steps_at = [steps_of(cfg, budget_tokens(cfg.ladder, n_params, b)) for b in list(cfg.ladder.budgets)]
+    per_step = cfg.train.batch_size * cfg.model.context
     for i, b in enumerate(budgets):
         tokens = budget_tokens(cfg.ladder, n_params, b)
         steps = steps_at[i]
         start = decay_start(cfg, steps)
+        if tokens < per_step:  # the largest budget's own check is lm_ablate.ladder.check_budget's
+            raise bad("ladder.budgets", list(cfg.ladder.budgets), f"budget {b:g} gives {where} {tokens:,} tokens, "
+                      f"less than one step of {per_step:,} tokens: raise the smallest budget")  # fmt: skip
+        if start < 1:
+            raise bad("ladder.budgets", list(cfg.ladder.budgets), f"budget {b:g} gives {where} {steps} steps, all "
+                      f"of them its decay (optim.decay_fraction={cfg.optim.decay_fraction:g}): no step at the peak LR "
+                      "to branch from; raise the smallest budget")  # fmt: skip
         if steps >= steps_at[i + 1]:
             raise bad("ladder.budgets", list(cfg.ladder.budgets), f"give {where} the same {steps} steps at "
                       f"budgets {b:g} and {cfg.ladder.budgets[i + 1]:g}: use budgets further apart")  # fmt: skip
-        if start < cfg.optim.warmup_steps or start < 1:
+        if start < cfg.optim.warmup_steps:
             raise bad("ladder.budgets", list(cfg.ladder.budgets), f"budget {b:g} gives {where} {steps} steps whose "
                       f"decay would start at step {start}, inside the warm-up of optim.warmup_steps="
                       f"{cfg.optim.warmup_steps}: raise the smallest budget or shorten the warm-up")  # fmt: skip

@@ -801,3 +801,36 @@ def test_every_list_key_says_its_form_in_one_line() -> None:
         assert "ListConfig" not in line and "\n" not in line and f"e.g. {key}=[" in line
         if key in kinds:
             assert f"a list of {kinds[key]} in brackets" in line, line
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        (
+            ["ladder.budgets=[0.0001,1]"],
+            "budget 0.0001 gives rung 0 (N = 40,680 non_embedding parameters) 82 tokens, "
+            "less than one step of 2,048 tokens: raise the smallest budget",
+        ),
+        (
+            ["ladder.budgets=[0.1,1]", "optim.decay_fraction=1"],
+            "budget 0.1 gives rung 0 (N = 40,680 non_embedding "
+            "parameters) 40 steps, all of them its decay (optim.decay_fraction=1): no step at the peak LR",
+        ),
+        (["ladder.budgets=[0.1,1]", "optim.warmup_steps=35"], "inside the warm-up of optim.warmup_steps=35"),
+    ],
+    ids=["below_one_step", "all_decay", "inside_warmup"],
+)
+def test_a_branch_budget_below_one_step_has_its_own_message(overrides, words) -> None:
+    """docs/ladders.md: a budget of less than one step is refused as such; a smaller budget of ladder.budgets got
+    the warm-up message ("shorten the warm-up" of a 0-step warm-up). 40,680: rung 0 of the CPU ladder, bytes;
+    82 = ceil(20 x 0.0001 x 40,680); a step is 16 x 128 tokens."""
+    from lm_ablate.config import ConfigError, compose
+    from lm_ablate.ladder import check_ladder
+
+    cfg = compose(["ladder=cpu", "optim.schedule=wsd", *overrides])
+    with pytest.raises(ConfigError) as err:
+        check_ladder(cfg, 256)
+    line = str(err.value)
+    assert line.startswith("ladder.budgets=") and words in line and "\n" not in line, line
+    if "warmup_steps" not in " ".join(overrides):
+        assert "warm-up" not in line
