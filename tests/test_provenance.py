@@ -35,6 +35,28 @@ def test_provenance_is_torchs_own_answer_and_follows_the_thread_count():
     assert tuple(provenance.provenance("cpu")) == M.PROVENANCE
 
 
+def test_on_cuda_the_gpu_and_its_libraries_are_recorded(monkeypatch):
+    """Without a GPU torch's answers are stood in for, to check each lands in its field; the next test reads them
+    from a real GPU."""
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    got = provenance.provenance("cuda")
+    assert (got["device"], got["cuda_version"], got["cudnn_version"], got["gpu_name"]) == (
+        "cuda", "12.8", 91002, "NVIDIA H100 80GB HBM3")  # fmt: skip
+    assert provenance.differences(got, {**got, "gpu_name": "NVIDIA A100"})[0] == {
+        "gpu_name": ("NVIDIA H100 80GB HBM3", "NVIDIA A100")
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_the_record_names_it():
+    got = provenance.provenance("cuda")
+    assert got["gpu_name"] == torch.cuda.get_device_name() and got["cuda_version"] == torch.version.cuda
+    assert got["cudnn_version"] == torch.backends.cudnn.version() and got["device"] == "cuda"
+
+
 @pytest.mark.slow  # a fresh interpreter imports torch: ~2 s alone, ~9 s on a loaded machine
 def test_cpu_capability_is_the_kernels_aten_runs():
     """ATEN_CPU_CAPABILITY=default makes ATen dispatch to its unvectorised kernels (the issue's 2.7788 run): the
