@@ -13,7 +13,8 @@ than its ``HFLM`` over an exported folder, because
 exported folder.
 
 Requests (lm-eval's ``LM`` interface): ``loglikelihood`` of (context, continuation) pairs, the pair tokenized
-as the scorer does (an empty context becomes the run's document separator: EOS, or ``\\n`` for bytes);
+as the scorer does (lm-eval's ``_encode_pair``; an empty context becomes the run's document separator: EOS, or
+``\\n`` for bytes, the exported tokenizer's BOS, unless the continuation starts with it, as lm-eval does);
 ``loglikelihood_rolling`` of whole texts in disjoint windows of ``model.context`` tokens, each after the
 separator or its window's predecessor (lm-eval's ``get_rolling_token_windows``); ``generate_until``:
 greedy decoding, one token at a time over the last ``model.context`` tokens, until a stop string or
@@ -74,7 +75,11 @@ def make_lm(model: torch.nn.Module, tokenizer: Any, context_len: int, batch_toke
             pairs = []
             for request in requests:
                 context, continuation = request.args
-                pairs.append(encode_pair(encode, context, continuation) if context else ([], encode(continuation)))
+                if context:
+                    pairs.append(encode_pair(encode, context, continuation))
+                else:  # lm-eval's LM.loglikelihood: the prefix, unless the continuation starts with it
+                    ids = encode(continuation)
+                    pairs.append(([prefix], ids) if ids[0] != prefix else (ids[:1], ids[1:]))
             return self._pairs(pairs)
 
         def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
@@ -143,7 +148,9 @@ def evaluate(
     bootstrap_iters: int = 0,
 ) -> dict[str, Any]:
     """Run lm-eval's ``simple_evaluate`` on ``run_dir``'s model over ``tasks`` (names lm-eval knows, or defined
-    by the YAML files under ``include``) and write ``run_dir/lm_eval.json``; returns what was written."""
+    by the YAML files under ``include``) and write ``run_dir/lm_eval.json``; returns what was written and, under
+    ``"evaluated"``, the names lm-eval scored in this call (a group, then its subtasks; a tag's tasks) in lm-eval's
+    order: what the command prints, each name once."""
     from lm_ablate.eval.run import checkpoint_path, load_run, run_tokenizer
     from lm_ablate.tracking import atomic_write_text
 
@@ -192,7 +199,7 @@ def evaluate(
         "results": {**previous.get("results", {}), **_json_safe((results or {}).get("results", {}))},
     }
     atomic_write_text(path, json.dumps(M.to_json(record), indent=1, sort_keys=True) + "\n")
-    return record
+    return {**record, "evaluated": list((results or {}).get("results", {}))}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -213,11 +220,10 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as err:
         print(f"lm-ablate: error: {err}", file=sys.stderr)
         sys.exit(2)
-    for task in tasks:
-        for name, values in record["tasks"].items():
-            if name == task or name.startswith(task):
-                shown = ", ".join(f"{k}={v:.4f}" for k, v in values.items() if math.isfinite(v))
-                print(f"{name}: {shown}")
+    for name in record["evaluated"]:  # this call's tasks only, each once (not every name a task's prefixes)
+        values = record["tasks"].get(name, {})
+        shown = ", ".join(f"{k}={v:.4f}" for k, v in values.items() if math.isfinite(v))
+        print(f"{name}: {shown}")
     print(f"-> {Path(args.run_dir) / M.LM_EVAL_FILE}")
 
 

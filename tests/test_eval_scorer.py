@@ -48,8 +48,8 @@ def brute_ll(model: nn.Module, context: list[int], continuation: list[int], cont
 
 
 def split(context: str, continuation: str) -> tuple[list[int], list[int]]:
-    """The context's trailing spaces belong to the continuation (as lm-evaluation-harness scores them)."""
-    kept = context.rstrip(" ")
+    """The context's trailing whitespace belongs to the continuation (lm-evaluation-harness's _encode_pair)."""
+    kept = context.rstrip()
     return encode(kept), encode(context[len(kept) :] + continuation)
 
 
@@ -59,6 +59,8 @@ EXAMPLES = [
     Example(("The sentence with Ann", "The sentence with Bob"), (" ran home.", " ran home."), 1),
     # longer than model.context (32): the context is cut from the left
     Example(("a long context " * 5,) * 4, (" one", " two", " three", " four"), 3),
+    # a context ending in a newline and indentation (the embedded tasks): all of it moves to the continuation
+    Example(("thus.\n\n  ",) * 2, ("So be it", "it be so"), 1),
 ]
 
 
@@ -91,7 +93,8 @@ def test_score_is_the_mean_of_the_metrics_written_out_per_example(model):
         best_norm = max(range(len(ll)), key=lambda j: (norm[j], -j))
         acc.append(best == ex.gold)
         acc_norm.append(best_norm == ex.gold)
-        bpb.append(-ll[ex.gold] / (math.log(2) * len(ex.continuations[ex.gold].encode("utf-8"))))
+        scored_text = split(ex.contexts[ex.gold], ex.continuations[ex.gold])[1]  # the bytes the ll covers
+        bpb.append(-ll[ex.gold] / (math.log(2) * len(scored_text)))
     assert got["acc"] == pytest.approx(sum(acc) / len(acc))
     assert got["acc_norm"] == pytest.approx(sum(acc_norm) / len(acc_norm))
     assert got["bpb"] == pytest.approx(sum(bpb) / len(bpb), abs=1e-6)
@@ -143,8 +146,59 @@ def test_batches_stay_within_the_token_budget_without_gradients():
     assert seen and all(n <= 50 for n, _, _ in seen) and not any(g or t for _, g, t in seen)
 
 
-def test_trailing_spaces_of_a_context_move_to_the_continuation():
+def test_trailing_whitespace_of_a_context_moves_to_the_continuation():
     assert encode_pair(encode, "Answer: ", "yes") == (encode("Answer:"), encode(" yes"))
+    assert encode_pair(encode, "thus.\n\n  ", "So") == (encode("thus."), encode("\n\n  So"))
+    assert encode_pair(encode, "a\t \n", "b") == (encode("a"), encode("\t \nb"))
+
+
+def test_bpb_counts_the_bytes_its_log_likelihood_covers():
+    """A uniform byte model spends 8 bits on every byte it scores: bpb is 8 exactly when numerator and
+    denominator cover the same text, moved whitespace included (gold bytes alone would give 8 * 5 / 3)."""
+    ex = Example(("ctx\n\n",) * 2, ("abc", "xyz"), 0)
+    enc = encode_example(encode, ex, 32, "t")
+    assert enc.gold_bytes == 5 and enc.chars == (3, 3)  # acc_norm: the choice's own characters (lm-eval)
+    assert score(Uniform(), [enc])["bpb"] == pytest.approx(8.0)
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    """A byte-level BPE trained here on a few words, so "Hello" is one token and "Hel" is not."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["Hello world, Hello there. Help! Hello.\n\n"] * 50, trainer=trainer)
+    return tok
+
+
+def test_bpb_where_a_bpe_moves_the_boundary_counts_what_the_continuation_ids_decode_to(bpe):
+    """lm-eval's split (whole[len(encode(context)):]) can hand the context's last characters to the
+    continuation's ids or the reverse: the denominator is then the bytes of what those ids decode to."""
+    enc = lambda s: bpe.encode(s).ids
+    dec = lambda ids: bpe.decode(list(ids))
+    context, gold = "Say Hel", "lo world"  # "Hello" is one token: it lands among the continuation's ids...
+    whole, ctx = enc(context + gold), enc(context)
+    assert whole[: len(ctx)] != ctx  # ...the boundary moved
+    covered = "".join(bpe.id_to_token(i) for i in whole[len(ctx) :]).replace("\u0120", " ")  # Ġ: byte-level space
+    ex = Example((context,) * 2, (gold, "lo there"), 0)
+    got = encode_example(enc, ex, 32, "t", dec)
+    assert got.gold_bytes == len(covered.encode()) != len(gold.encode())
+    vocab = bpe.get_vocab_size()
+
+    class UniformV(nn.Module):
+        def forward(self, x):
+            return torch.zeros(*x.shape, vocab)
+
+    n_tokens = len(whole) - len(ctx)
+    assert score(UniformV(), [got])["bpb"] == pytest.approx(n_tokens * math.log2(vocab) / len(covered.encode()))
+    with pytest.raises(ValueError, match="needs its decode"):
+        encode_example(enc, ex, 32, "t")
+    # where the boundary holds (a continuation after whitespace), the moved whitespace + gold, decode unused
+    plain = encode_example(enc, Example(("Say\n\n",), ("Hello there",), 0), 32, "t")
+    assert plain.gold_bytes == len("\n\nHello there")
 
 
 def test_a_continuation_longer_than_the_context_is_one_line():

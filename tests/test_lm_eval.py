@@ -6,6 +6,8 @@ input in one line."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,20 +32,15 @@ ROWS = [
     {"context": "Good", "choices": ["morrow", "xqz"], "gold": 1},
     {"context": "Enter", "choices": ["HAMLET", "a", "the ghost", "Q"], "gold": 2},
 ]
-TASK_YAML = """task: tiny_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {path}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{context}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{gold}}}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-"""
+DOCS_DATA = "/data/tiny.jsonl"  # the data file the YAML of docs/evaluation.md names; the tests write their own
+
+
+def docs_task_yaml() -> str:
+    """The lm-eval task YAML that docs/evaluation.md shows (the tests run exactly what the page says)."""
+    page = (ROOT / "docs" / "evaluation.md").read_text()
+    found = re.search(r"```yaml\n(task: tiny_mc\n.*?)```", page, re.S)
+    assert found and DOCS_DATA in found.group(1), "docs/evaluation.md lost its tiny_mc task YAML"
+    return found.group(1)
 
 
 def make_run(tmp_path: Path) -> tuple[Path, TransformerLM]:
@@ -72,7 +69,7 @@ def task_folder(tmp_path: Path) -> Path:
     folder.mkdir()
     data = folder / "tiny.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    (folder / "tiny_mc.yaml").write_text(TASK_YAML.format(path=data))
+    (folder / "tiny_mc.yaml").write_text(docs_task_yaml().replace(DOCS_DATA, str(data)))
     return folder
 
 
@@ -96,6 +93,32 @@ def test_a_local_yaml_task_scores_what_the_brute_force_scores(tmp_path):
     assert record["tasks"]["tiny_mc"]["acc_norm"] == pytest.approx(sum(acc_norm) / len(acc_norm))
     on_disk = json.loads((run / M.LM_EVAL_FILE).read_text())
     assert on_disk["step"] == 5 and on_disk["tasks"] == record["tasks"] and "tiny_mc" in on_disk["results"]
+    assert record["evaluated"] == ["tiny_mc"] and "evaluated" not in on_disk  # this call's tasks, lm-eval's names
+
+
+def test_the_docs_task_yaml_loads_in_lm_eval_without_warnings(tmp_path):
+    """No "aggregation is not" / "higher_is_better is not" defined warnings (four, before the keys were there)."""
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    heard: list[str] = []
+
+    class Ear(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            heard.append(record.getMessage())
+
+    ear = Ear(level=logging.WARNING)
+    logger = logging.getLogger("lm_eval")
+    logger.addHandler(ear)
+    try:
+        tasks = get_task_dict(
+            ["tiny_mc"], TaskManager(include_path=[str(task_folder(tmp_path))], include_defaults=False)
+        )
+    finally:
+        logger.removeHandler(ear)
+    task = tasks["tiny_mc"]
+    assert task.aggregation().keys() == task.higher_is_better().keys() == {"acc", "acc_norm"}
+    assert all(task.higher_is_better().values()) and len(list(task.test_docs())) == len(ROWS)
+    assert not [m for m in heard if "aggregation" in m or "higher_is_better" in m], heard
 
 
 def test_rolling_and_generation_requests():
@@ -137,3 +160,21 @@ def test_without_lm_eval_the_command_is_one_line(tmp_path, monkeypatch):
         done.returncode == 2
         and done.stderr == f"lm-ablate: error: RUN_DIR={str(tmp_path / 'none')!r} is invalid: no such run directory\n"
     )
+
+
+def test_the_command_prints_each_task_of_this_call_once(tmp_path, monkeypatch, capsys):
+    """A task whose name prefixes another's (tiny_mc, tiny_mc2) is printed once, and names the file holds from an
+    earlier call (tiny_mc_old) are not printed: what lm-eval scored in this call, in its order."""
+    import lm_ablate.evaluate as E
+
+    record = {
+        "tasks": {"tiny_mc": {"acc": 0.5}, "tiny_mc2": {"acc": 0.25}, "tiny_mc_old": {"acc": 1.0}},
+        "evaluated": ["tiny_mc", "tiny_mc2"],
+    }
+    monkeypatch.setattr(E, "evaluate", lambda *args: record)
+    E.main([str(tmp_path), "--tasks", "tiny_mc,tiny_mc2"])
+    assert capsys.readouterr().out.splitlines() == [
+        "tiny_mc: acc=0.5000",
+        "tiny_mc2: acc=0.2500",
+        f"-> {tmp_path / M.LM_EVAL_FILE}",
+    ]

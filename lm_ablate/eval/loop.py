@@ -55,7 +55,9 @@ class Downstream:
         context = cfg.model.context
         for i, task in enumerate(load_tasks(e, cfg.data.cache_dir)):
             encoded = [
-                encode_example(tokenizer.encode, ex, context, f"eval.tasks.{i} ({task.name}) example {k}")
+                encode_example(
+                    tokenizer.encode, ex, context, f"eval.tasks.{i} ({task.name}) example {k}", tokenizer.decode
+                )
                 for k, ex in enumerate(task.examples)
             ]
             self.tasks.append((task.name, encoded))

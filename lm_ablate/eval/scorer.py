@@ -14,24 +14,31 @@ and the metrics, each the mean over the task's examples:
               the model's argmax, i.e. greedy decoding gives it)   last-word accuracy (Paperno et al. 2016)
     acc_norm  [argmax_j ll_ij / chars_ij == gold]                  OLMES's per-character normalisation (Gu et al.
               chars_ij = len(continuation_ij) in characters,       2024, §3.4 "character"; lm-evaluation-harness
-              leading space included                               ``acc_norm``); none for one-choice tasks
-    bpb       -ll_i,gold / (ln 2 * bytes_i,gold)                   bits per byte of the gold continuation, bytes =
-              bytes = its UTF-8 length                             UTF-8 bytes (OLMo-core's downstream BPB; Gao et
-                                                                   al. 2020, The Pile §3.1)
+              leading space included, the context's moved          ``acc_norm``, len(choice)); none for one-choice
+              whitespace not                                       tasks
+    bpb       -ll_i,gold / (ln 2 * bytes_i,gold)                   bits per byte of the gold continuation (OLMo-core's
+              bytes = UTF-8 bytes of the text the gold's           downstream BPB; Gao et al. 2020, The Pile §3.1):
+              continuation tokens stand for: the context's         numerator and denominator over the same text
+              trailing whitespace + the gold continuation
 
 ``argmax`` takes the lowest index on ties, so a model that cannot tell the choices apart scores the share of
 examples whose gold is choice 0 (1/4 on the embedded tasks, where the gold position is uniform).
 
-How the log-likelihoods are computed (:func:`loglikelihoods`): ``whole = encode(context + continuation)``,
-``continuation ids = whole[len(encode(context)):]`` (a context's trailing spaces move to the continuation
-first, so a BPE does not end the context on a lone space; lm-evaluation-harness does the same); the
-sequence context + continuation is cut from the left to ``context_len + 1`` tokens (the model's
-``model.context``; the continuation itself must fit); sequences are sorted by length and packed into
-right-padded batches of at most ``batch_tokens`` tokens (padding included), so the [batch, length, vocab]
-logits stay bounded; right padding is invisible to a causal model. The fp32 token log-probabilities are summed
-in fp64, where a few dozen of them add exactly: the same tokens' log-probabilities in another order give the
-same total, so a model blind to order ties the choices instead of ranking them by rounding. One forward pass per batch in eval mode
-without gradients; the model's train/eval mode is restored afterwards.
+How the log-likelihoods are computed (:func:`loglikelihoods`): a context's trailing whitespace (spaces,
+newlines, indentation: ``n = len(context) - len(context.rstrip())``) moves to the front of the continuation,
+then ``whole = encode(context + continuation)`` and ``continuation ids = whole[len(encode(context)):]``:
+lm-evaluation-harness's ``_encode_pair`` (lm_eval/api/model.py, 0.4.13) exactly, so a BPE does not end the
+context on whitespace and the same task file gives lm-eval's numbers (tests/test_lm_eval.py compares them
+item for item). The gold's ``bytes`` (bpb) are those of the text its continuation ids stand for: the moved
+whitespace + the gold continuation, or, where a BPE merges across the boundary (the context's tokens are then
+no prefix of ``whole``'s), the UTF-8 bytes of ``decode(continuation ids)``. The sequence context +
+continuation is cut from the left to ``context_len + 1`` tokens (the model's ``model.context``; the
+continuation itself must fit); sequences are sorted by length and packed into right-padded batches of at most
+``batch_tokens`` tokens (padding included), so the [batch, length, vocab] logits stay bounded; right padding
+is invisible to a causal model. The fp32 token log-probabilities are summed in fp64, where a few dozen of them
+add exactly: the same tokens' log-probabilities in another order give the same total, so a model blind to
+order ties the choices instead of ranking them by rounding. One forward pass per batch in eval mode without
+gradients; the model's train/eval mode is restored afterwards.
 """
 
 from __future__ import annotations
@@ -68,16 +75,41 @@ class Encoded:
     continuations: tuple[tuple[int, ...], ...]
     gold: int
     chars: tuple[int, ...]  # characters of each continuation string (acc_norm)
-    gold_bytes: int  # UTF-8 bytes of the gold continuation (bpb)
+    gold_bytes: int  # UTF-8 bytes of the text the gold's continuation ids stand for (bpb)
+
+
+def split_pair(context: str, continuation: str) -> tuple[str, str]:
+    """(context, continuation) with the context's trailing whitespace moved to the continuation, as
+    lm-evaluation-harness's ``_encode_pair``: ``n = len(context) - len(context.rstrip())``."""
+    n = len(context) - len(context.rstrip())
+    return (context[:-n], context[-n:] + continuation) if n else (context, continuation)
 
 
 def encode_pair(encode: Callable[[str], Sequence[int]], context: str, continuation: str) -> tuple[list, list]:
-    """(context ids, continuation ids) as described in the module docstring."""
-    stripped = context.rstrip(" ") or context  # a context of spaces only stays one
-    continuation = context[len(stripped) :] + continuation
-    whole = [int(i) for i in encode(stripped + continuation)]
-    n = len([int(i) for i in encode(stripped)])
+    """(context ids, continuation ids) as described in the module docstring (lm-eval's ``_encode_pair``)."""
+    context, continuation = split_pair(context, continuation)
+    whole = [int(i) for i in encode(context + continuation)]
+    n = len([int(i) for i in encode(context)])
     return whole[:n], whole[n:]
+
+
+def continuation_bytes(
+    encode: Callable[[str], Sequence[int]],
+    decode: Callable[[Sequence[int]], str] | None,
+    context: str,
+    continuation: str,
+) -> int:
+    """UTF-8 bytes of the text the continuation ids of :func:`encode_pair` stand for: the moved whitespace +
+    ``continuation`` when the context's own ids begin the whole's, else ``decode(continuation ids)``'s."""
+    context, continuation = split_pair(context, continuation)
+    whole = [int(i) for i in encode(context + continuation)]
+    ctx = [int(i) for i in encode(context)]
+    if whole[: len(ctx)] == ctx:
+        return len(continuation.encode("utf-8"))
+    if decode is None:
+        raise ValueError(f"the tokenizer merges across the boundary of {context[-20:]!r} | {continuation[:20]!r}: "
+                         "encode_example needs its decode to count the bytes the continuation ids stand for")  # fmt: skip
+    return len(decode(whole[len(ctx) :]).encode("utf-8"))
 
 
 def fit(ctx: Sequence[int], cont: Sequence[int], context_len: int, where: str) -> tuple[tuple, tuple]:
@@ -90,8 +122,15 @@ def fit(ctx: Sequence[int], cont: Sequence[int], context_len: int, where: str) -
     return tuple(ctx[-keep:]), tuple(cont)
 
 
-def encode_example(encode: Callable[[str], Sequence[int]], example: Example, context_len: int, where: str) -> Encoded:
-    """Token ids of every choice; one-line ConfigError naming ``where`` when a choice cannot be scored."""
+def encode_example(
+    encode: Callable[[str], Sequence[int]],
+    example: Example,
+    context_len: int,
+    where: str,
+    decode: Callable[[Sequence[int]], str] | None = None,
+) -> Encoded:
+    """Token ids of every choice; one-line ConfigError naming ``where`` when a choice cannot be scored.
+    ``decode`` (the tokenizer's) counts the gold's bytes where a BPE merges across the boundary."""
     contexts, continuations = [], []
     for ctx_text, cont_text in zip(example.contexts, example.continuations):
         ctx, cont = encode_pair(encode, ctx_text, cont_text)
@@ -101,9 +140,10 @@ def encode_example(encode: Callable[[str], Sequence[int]], example: Example, con
         ctx, cont = fit(ctx, cont, context_len, where)
         contexts.append(ctx)
         continuations.append(cont)
-    gold_text = example.continuations[example.gold]
+    gold = example.gold
+    gold_bytes = continuation_bytes(encode, decode, example.contexts[gold], example.continuations[gold])
     chars = tuple(len(c) for c in example.continuations)
-    return Encoded(tuple(contexts), tuple(continuations), example.gold, chars, len(gold_text.encode("utf-8")))
+    return Encoded(tuple(contexts), tuple(continuations), gold, chars, gold_bytes)
 
 
 @torch.no_grad()
