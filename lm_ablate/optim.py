@@ -31,6 +31,20 @@ Adafactor: ``optim.lr`` is the *relative* step rho (the update is scaled by each
 
 Every optimizer records which parameters it updates, ``optimizer.assignment`` = {name: [parameter names]}
 (the run record's ``optimizer_params``).
+
+Weight decay as a timescale (``optim.wd_timescale``; Wang & Aitchison 2024, "How to set AdamW's weight decay as
+you scale model and dataset size"): decoupled decay makes the weights an exponential moving average of the
+updates with timescale tau = 1 / (eta lambda) steps, and what transfers across LRs and run lengths is tau as a
+fraction of the run, tau / T. Given tau / T, the run's lambda is
+
+    lambda = 1 / (eta_peak x tau/T x T)        eta_peak = optim.lr, T = the run's steps (the LR schedule's horizon:
+                                               train.max_steps, or fewer by train.max_tokens or a ladder's budget)
+
+and given lambda (``regularization.weight_decay``), tau / T = 1 / (eta_peak x lambda x T) (infinite for lambda = 0).
+Both are recorded in every run's summary (``weight_decay``, ``wd_timescale``). ``wd_timescale=inf`` is no decay.
+Under muP the hidden groups' lr x lambda stays the base's (parametrization.py), so every group has the same tau;
+Muon's groups with ``muon_lr_scale`` != 1 decay on tau / muon_lr_scale. Only the decoupled optimizers read it
+(adamw, muon, adafactor: their decay is p (1 - lr lambda)); SGD's L2 decay has no such timescale.
 """
 
 from __future__ import annotations
@@ -41,7 +55,7 @@ from typing import Any
 
 import torch
 
-from lm_ablate.errors import ConfigError
+from lm_ablate.errors import ConfigError, bad
 from lm_ablate.registry import OPTIMIZERS, SCHEDULES
 from lm_ablate.schema import OptimConfig
 
@@ -75,7 +89,7 @@ def _adamw(cfg: OptimConfig, groups: list[dict], device: torch.device) -> torch.
     )
 
 
-@OPTIMIZERS.register("adamw", reads=("beta1", "beta2", "eps"))
+@OPTIMIZERS.register("adamw", reads=("beta1", "beta2", "eps", "wd_timescale"))
 def adamw(cfg: OptimConfig, param_groups: Sequence[dict], device: torch.device) -> torch.optim.Optimizer:
     """AdamW (Loshchilov & Hutter 2019). The fused kernel only on CUDA (the CPU default is already vectorized)."""
     return _named(_adamw(cfg, _groups(cfg, param_groups), device), "adamw")
@@ -90,7 +104,7 @@ def sgd(cfg: OptimConfig, param_groups: Sequence[dict], device: torch.device) ->
     )
 
 
-@OPTIMIZERS.register("adafactor", reads=("eps", "beta2_decay", "eps2", "clip_threshold"))
+@OPTIMIZERS.register("adafactor", reads=("eps", "beta2_decay", "eps2", "clip_threshold", "wd_timescale"))
 def adafactor(cfg: OptimConfig, param_groups: Sequence[dict], device: torch.device) -> torch.optim.Optimizer:
     """Adafactor (Shazeer & Stern 2018) as torch implements it: factored second moment, no momentum, relative
     step size (``optim.lr`` is rho), update clipping at ``clip_threshold``; ``eps`` floors sqrt(v_hat)."""
@@ -176,9 +190,10 @@ def split_groups(groups: Sequence[dict]) -> tuple[list[dict], list[dict]]:
 
 
 # its own keys, then its AdamW part's
-@OPTIMIZERS.register(
-    "muon", reads=("momentum", "nesterov", "ns_steps", "adjust_lr_fn", "muon_lr_scale", "beta1", "beta2", "eps")
-)
+MUON_READS = ("momentum", "nesterov", "ns_steps", "adjust_lr_fn", "muon_lr_scale", "beta1", "beta2", "eps")
+
+
+@OPTIMIZERS.register("muon", reads=(*MUON_READS, "wd_timescale"))
 def muon(cfg: OptimConfig, param_groups: Sequence[dict], device: torch.device) -> Combined:
     """Muon on :func:`is_hidden_matrix` parameters, AdamW (beta1, beta2, eps) on the rest; Muon's groups run at
     ``muon_lr_scale`` x the LR of AdamW's (1 with ``match_rms_adamw``)."""
@@ -267,3 +282,65 @@ def inverse_sqrt(cfg: OptimConfig, max_steps: int) -> Schedule:
 
 def build_schedule(cfg: OptimConfig, max_steps: int) -> Schedule:
     return SCHEDULES.get(cfg.schedule)(cfg, max_steps)
+
+
+# --- weight decay as a timescale (module docstring) -------------------------------------------------------
+TIMESCALE_KEY = "optim.wd_timescale"
+DECAY_KEY = "regularization.weight_decay"
+
+
+def weight_decay_of(timescale: float, lr: float, steps: int) -> float:
+    """lambda = 1 / (eta_peak x tau/T x T); 0 for tau/T = inf (no decay)."""
+    return 0.0 if math.isinf(timescale) else 1.0 / (lr * timescale * steps)
+
+
+def timescale_of(weight_decay: float, lr: float, steps: int) -> float:
+    """tau / T = 1 / (eta_peak x lambda x T); inf for lambda = 0."""
+    return math.inf if weight_decay == 0 else 1.0 / (lr * weight_decay * steps)
+
+
+def resolve_weight_decay(cfg: Any, steps: int) -> tuple[float, float]:
+    """(lambda, tau/T) of a run of ``steps`` steps: from ``optim.wd_timescale`` when it is set, else from
+    ``regularization.weight_decay``."""
+    lr, timescale = cfg.optim.lr, cfg.optim.get("wd_timescale")
+    if timescale is not None:
+        return weight_decay_of(timescale, lr, steps), float(timescale)
+    return float(cfg.regularization.weight_decay), timescale_of(cfg.regularization.weight_decay, lr, steps)
+
+
+def settle_weight_decay(cfg: Any, explicit: Any = ()) -> None:
+    """With ``optim.wd_timescale`` set, lambda is the run's to derive: ``regularization.weight_decay`` becomes null
+    (the record's "derived from the timescale"); refused in one line when lambda was set too, on the command line
+    (``explicit``: the dotted keys the overrides set) or by a file (a value other than the regularization option's
+    own, conf/regularization/<name>.yaml), or when the regularization option has no decay (none). Changes ``cfg``.
+    Call after :func:`lm_ablate.options.settle` (which clears the key for an optimizer that does not read it)."""
+    from omegaconf import OmegaConf
+
+    from lm_ablate.schema import CONF_DIR
+
+    timescale = OmegaConf.select(cfg, TIMESCALE_KEY, default=None)
+    decay = cfg.regularization.weight_decay
+    if timescale is None or decay is None:
+        return
+    name = cfg.regularization.name
+    option = CONF_DIR / "regularization" / f"{name}.yaml"
+    default = OmegaConf.load(option).get("weight_decay") if option.is_file() else None
+    if name == "none":
+        raise bad(TIMESCALE_KEY, timescale, "regularization=none has no weight decay (choose standard, dropout, zloss)")
+    if DECAY_KEY in set(explicit) or default is None or float(decay) != float(default):
+        raise bad(
+            TIMESCALE_KEY,
+            timescale,
+            f"{DECAY_KEY}={decay!r} is set too: give one of them (lambda = 1 / (optim.lr x tau/T x steps))",
+        )
+    OmegaConf.update(cfg, DECAY_KEY, None, merge=False)
+
+
+def with_weight_decay(regularization: Any, weight_decay: float) -> Any:
+    """A copy of the regularization node whose ``weight_decay`` is the run's lambda (the recorded config keeps
+    null where the timescale derived it)."""
+    from omegaconf import OmegaConf
+
+    out = regularization.copy()
+    OmegaConf.update(out, "weight_decay", weight_decay, merge=False)
+    return out

@@ -126,6 +126,9 @@ def settle(cfg: DictConfig, explicit: Iterable[str] = ()) -> None:
         if item.key in given:
             raise bad(item.key, item.value, item.why)
         OmegaConf.update(cfg, item.key, None, merge=False, force_add=False)
+    from lm_ablate.optim import settle_weight_decay  # the timescale derives lambda (lm_ablate/optim.py)
+
+    settle_weight_decay(cfg, given)
 
 
 def check(cfg: Any) -> None:

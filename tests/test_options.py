@@ -44,6 +44,7 @@ SAMPLE: dict[str, Any] = {
     "data.tokenizer_path": "gpt2",
     "data.tokenizer_sample": 1000,
     "train.shard_size": 2,
+    "optim.wd_timescale": 0.2,
 }
 # what an option needs besides the key to validate (its required keys)
 NEEDS: dict[tuple[str, Any], list[str]] = {
