@@ -38,6 +38,7 @@ from lm_ablate.schema import (
     head_dim,
     to_container,
 )
+from lm_ablate.shape import apply_shape
 from lm_ablate.validation import validate
 
 __all__ = [
@@ -72,7 +73,8 @@ def compose(
     overrides: list[str] | tuple[str, ...] = (), config_name: str = "train", refuse_unread: bool = True
 ) -> DictConfig:
     """The config ``python -m lm_ablate.train <overrides>`` would run, built without starting a run
-    (tests, notebooks, ``python -m lm_ablate.cost``). ``choices`` is filled as in a real run. A key the chosen
+    (tests, notebooks, ``python -m lm_ablate.cost``). ``choices`` is filled as in a real run, and a shape=iso
+    request is solved (its sizes written into model.* and activation.d_ff). A key the chosen
     options do not read is refused when the overrides set it, as on the command line; ``refuse_unread=False``
     treats the overrides as a file would be (the key is cleared): for translations that write every field
     they map, such as an HF config's (lm_ablate/hf/)."""
@@ -82,7 +84,9 @@ def compose(
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
     cfg = job_config(cfg)
-    settle(cfg, explicit_keys(overrides) if refuse_unread else ())  # keys the chosen options do not read
+    explicit = explicit_keys(overrides) if refuse_unread else set()
+    settle(cfg, explicit)  # keys the chosen options do not read
+    apply_shape(cfg, explicit)  # shape=iso: the sizes solved from its ratios (lm_ablate/shape.py)
     return cfg
 
 

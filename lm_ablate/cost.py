@@ -25,6 +25,7 @@ from lm_ablate.data import Vocabulary, check_vocab_key, vocabulary
 from lm_ablate.ladder import params_of, token_budget
 from lm_ablate.model import ModelCost, TransformerLM, model_cost
 from lm_ablate.perf import memory_estimate
+from lm_ablate.shape import apply_shape
 
 NOT_TRAINED = "an upper bound: the BPE is not trained yet for this corpus, and stops short when merges run out"
 
@@ -82,7 +83,10 @@ def describe(
     cfg = compose(overrides)
     check_vocab_key(cfg)
     vocab = vocabulary(cfg.data) if vocab_size is None else Vocabulary(vocab_size)
+    shape = apply_shape(cfg, vocab=vocab.size)  # shape=iso: solved for this vocabulary (compose's, or the one given)
     cost = arm_cost(cfg, vocab.size)
+    if shape is not None:
+        shape.check(cost)
     tokens = cfg.train.max_steps * cfg.train.batch_size * cfg.model.context
     budget = []
     if cfg.ladder.name is not None:  # a ladder rung trains for tokens_per_param x budget x N (ladder.params)
@@ -101,6 +105,7 @@ def describe(
             f"params embedding  {cost.params_embedding:,}",
             f"params non-emb.   {cost.params_non_embedding:,}",
             f"FLOPs/token       {cost.flops_per_token:,.0f}  (6N + 12*L*H*hd*T, PaLM app. B)",
+            *(shape.lines(cost) if shape is not None else []),
             f"run FLOPs         {cost.flops_per_token * tokens:.3e}  ({tokens:,} tokens)",
             *memory_lines(cfg, cost, vocab.size, world, device or _device(cfg), per_node),
         ]

@@ -40,6 +40,7 @@ from lm_ablate.config import ConfigError, bad, compose_error_message, job_config
 from lm_ablate.data import check_vocab_key
 from lm_ablate.ladder import apply_rung, check_budget_keys, check_ladder, vocab_size_of
 from lm_ablate.options import explicit_keys, settle
+from lm_ablate.shape import apply_shape
 from lm_ablate.validation import MIN_RUNGS
 
 log = logging.getLogger(__name__)
@@ -199,9 +200,11 @@ class ArmChecker:
             if values:
                 self.apply(values, cfg)
             apply_rung(cfg)  # before settle, as the job (lm_ablate/train.py): ladder.lr=mup turns on mup's keys
-            settle(cfg, explicit_keys(values if self.repo is not None else overrides))
+            explicit = explicit_keys(values if self.repo is not None else overrides)
+            settle(cfg, explicit)
             check_budget_keys(cfg)
             check_vocab_key(cfg)
+            apply_shape(cfg, explicit)  # shape=iso: the arm's sizes, solved (one line if no integer shape fits)
             validate(cfg)
             self._record_claims(cfg)
             if cfg.ladder.name is not None:
