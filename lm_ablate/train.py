@@ -516,6 +516,20 @@ class Trainer:
             out[M.TRAIN_BYTES_PER_TOKEN] = self.text_budget.bytes_per_token
         return out
 
+    def evaluate_downstream(self, step: int, row: dict[str, Any], say: Callable[..., None] | None) -> None:
+        """eval.tasks scored now into ``row`` and the summary; ``say`` (rank 0: the bar's write, which keeps the bar
+        below the text) gets a line when the evaluation starts and one with its scores when it ends."""
+        if say is not None:
+            n = sum(len(examples) for _, examples in self.downstream.tasks)
+            k = len(self.downstream.tasks)
+            say(f"lm-ablate: step {step}: downstream evaluation of {k} task{'s' if k > 1 else ''} "
+                f"({n:,} examples)...", file=sys.stderr)  # fmt: skip
+        row.update(self.downstream.evaluate(self.model))
+        self.downstream.summarize(self.summary, row)
+        if say is not None:
+            say(f"lm-ablate: step {step}: downstream evaluation done in {row[M.DOWNSTREAM_SECONDS]:.1f} s: "
+                f"{downstream_scores(row)}", file=sys.stderr)  # fmt: skip
+
     def budget_spent(self, step: int) -> str | None:
         """Which budget ends the run at ``step``, if any: max_steps, max_tokens, max_bytes or max_time_s."""
         t = self.cfg.train
@@ -596,7 +610,7 @@ class Trainer:
         """Train until a budget, divergence or a signal stops the run; returns the final summary."""
         t, cfg, p = self.cfg.train, self.cfg, self.progress
         status, stop_reason = M.STATUS_RUNNING, None
-        bar = _progress(t, self.info.name, p.step, self.dist.main)
+        bar = _progress(t, self.info.name, p.step, self.horizon, self.dist.main)  # a ladder's: its budget's steps
         with StopSignals() as signals:
             try:
                 if self.fresh:
@@ -632,8 +646,7 @@ class Trainer:
                     if stop_reason and self.bpb_text is not None:  # at the end only: bench/val_bpb.py
                         row[M.VAL_BPB] = self.summary[M.FINAL_VAL_BPB] = self.val_bpb()
                     if self.downstream.due(step, final=bool(stop_reason)):  # eval.tasks (lm_ablate/eval/)
-                        row.update(self.downstream.evaluate(self.model))
-                        self.downstream.summarize(self.summary, row)
+                        self.evaluate_downstream(step, row, bar.write if self.dist.main else None)
                     if stop_reason and t.extrapolation:
                         row.update(extrapolate(self.model, self.data.val, cfg, self.device, self.autocast))
                         self.summary["extrapolation"] = {k: row[M.val_loss_at(k)] for k in t.extrapolation}
@@ -695,10 +708,12 @@ def train(
     return summary
 
 
-def _progress(t: DictConfig, name: str, initial: int, main: bool):
+def _progress(t: DictConfig, name: str, initial: int, total: int, main: bool):
+    """The step bar out of the run's last step (``total``: the horizon, which a token budget sets: a ladder's
+    train.max_steps is 10^9)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=t.max_steps, initial=initial, desc=name[:60], disable=not (t.progress and main), leave=False,
+    return tqdm(total=total, initial=initial, desc=name[:60], disable=not (t.progress and main), leave=False,
                 mininterval=1.0, file=sys.stderr)  # fmt: skip
 
 
@@ -768,7 +783,7 @@ def main(cfg: DictConfig) -> float | None:
         summary = s = done.summary
         if _is_main_rank():
             print(f"{s.get(M.STATUS)} (recorded earlier, unchanged): {s.get(M.RUN_NAME)}  "
-                  f"val/loss={s.get(M.FINAL_VAL_LOSS)}  -> {out}")  # fmt: skip
+                  f"val/loss={s.get(M.FINAL_VAL_LOSS)}{_downstream_said(s)}  -> {out}")  # fmt: skip
     except ConfigError as err:
         _error_line(str(err))
         _remove_if_new_and_empty(out, _LAUNCHED, Path.cwd())
@@ -789,8 +804,27 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def _said(summary: dict[str, Any], out: Path) -> None:
+    """The run's last line: status, name, final validation loss and, with eval.tasks, the final downstream scores."""
     if _is_main_rank():
-        print(f"{summary[M.STATUS]}: {summary[M.RUN_NAME]}  val/loss={summary[M.FINAL_VAL_LOSS]}  -> {out}")
+        print(f"{summary[M.STATUS]}: {summary[M.RUN_NAME]}  val/loss={summary[M.FINAL_VAL_LOSS]}"
+              f"{_downstream_said(summary)}  -> {out}")  # fmt: skip
+
+
+def downstream_scores(values: dict[str, Any]) -> str:
+    """``task acc=0.412 acc_norm=0.398 bpb=1.234, ...`` from the ``downstream/<task>/<kind>`` entries of a row or
+    summary, in their order (4 significant digits)."""
+    tasks: dict[str, list[str]] = {}
+    for key, value in values.items():
+        head, _, rest = key.partition("/")
+        task, _, kind = rest.rpartition("/")
+        if head == "downstream" and task and kind in M.DOWNSTREAM_KINDS and isinstance(value, (int, float)):
+            tasks.setdefault(task, []).append(f"{kind}={value:.4g}")
+    return ", ".join(f"{task} {' '.join(kinds)}" for task, kinds in tasks.items())
+
+
+def _downstream_said(summary: dict[str, Any]) -> str:
+    scores = downstream_scores(summary)
+    return f"  downstream: {scores}" if scores else ""
 
 
 _LAUNCHED = time.time()
