@@ -216,3 +216,20 @@ def test_a_basin_claim_is_checked_against_the_sweep():
     text = [{KEY: v} for v in ("a", "b")]
     with pytest.raises(ConfigError, match="a basin needs a numeric axis"):
         check_claims_against_arms(parse_claims([claim("within", 2, [1, 4])]), text)
+
+
+def test_the_report_has_a_basins_section_with_its_table_and_figure():
+    from analysis.present.document import figures_in, render_markdown
+    from analysis.present.figures.basin import positions
+    from analysis.present.report import build_blocks
+
+    rs = planted(BASE)
+    blocks = build_blocks(rs, compare_runs(rs), "t")
+    md = render_markdown(blocks)
+    section = md[md.index("## Basins") :]
+    r, lo, hi = by_hand(BASE, 1)
+    assert f"| 1 | 0.003 | {at_best(BASE, 1).mean():.4f} | 3 | {r:+.2f}% [{lo:+.2f}, {hi:+.2f}] |" in section
+    assert "| 2 | 0.003 |" in section and "0 (best)" in section and "0.03 ⚠ grid edge" in section
+    assert [f.file_name for f in figures_in(blocks)] == ["model.ffn_ratio_basin_1.png"]
+    # tau/T's no-decay value (inf) and a lambda of 0 sit a decade beyond the finite values on the log axis
+    assert positions([0.0, 0.1, 1.0, math.inf]) == ([0.01, 0.1, 1.0, 10.0], ["0", "0.1", "1", "∞"])

@@ -237,11 +237,13 @@ def other_axes(axis: Axis, axes: Sequence[Axis]) -> list[Axis]:
     return [a for a in axes if not set(a.keys) & set(axis.keys) and not set(a.keys) & set(POOLED)]
 
 
-def basins(rs: RunSet, cs: ComparisonSet) -> list[Basin]:
-    """A basin for every varied numeric axis (at least MIN_POINTS values; not the LR) in every context."""
+def basins(rs: RunSet, cs: ComparisonSet, exclude: Iterable[str] = ()) -> list[Basin]:
+    """A basin for every varied numeric axis (at least MIN_POINTS values; not the LR, nor an axis setting a key of
+    ``exclude``: a scaling study's size keys, along which loss falls rather than has a floor) in every context."""
     out = []
+    skip = set(POOLED) | set(exclude)
     for axis in cs.varied:
-        if set(axis.keys) & set(POOLED) or not is_numeric(cs.values.get(axis.name, [])):
+        if set(axis.keys) & skip or not is_numeric(cs.values.get(axis.name, [])):
             continue
         ids = [r for r in rs.configs if axis_number(rs.configs[r].get(axis.name)) is not None]
         for label, members in contexts(rs, ids, other_axes(axis, cs.varied)):

@@ -9,15 +9,18 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.compute.basin import basins as find_basins
 from analysis.compute.best_lr import compare_at_best_lr
 from analysis.compute.claims import ClaimSet, largest_effects, unsteady_speed
 from analysis.compute.compare import ComparisonSet, LRSweep
 from analysis.compute.scaling import ScalingStudy
 from analysis.parallel import fork_map
 from analysis.present.document import Block, Heading, Para
+from analysis.present.figures.basin import basin_figures
 from analysis.present.figures.curves import comparison_figure_jobs
 from analysis.present.figures.heatmap import heatmap_figures
 from analysis.present.figures.lr import lr_figures
+from analysis.present.sections.basin import basin_blocks
 from analysis.present.sections.claims import claims_blocks, findings, speed_warning
 from analysis.present.sections.comparisons import HOW_TO_READ, comparison_blocks
 from analysis.present.sections.lr import lr_blocks
@@ -66,8 +69,8 @@ def build_blocks(
     scaling: ScalingStudy | None = None,
     claims: ClaimSet | None = None,
 ) -> list[Block]:
-    """The report as blocks: the study's claims and their verdicts first (when it declares any), then the
-    summary opening with the Findings, the sections, and the run listings. Figures are drawn first, in
+    """The report as blocks: the study's claims and their verdicts first (when it declares any: one row per claim,
+    the rules folded), then the summary opening with the Findings (the largest effects), the sections, and the run listings. Figures are drawn first, in
     ``workers`` forked processes. A big sweep (more than FIGURE_BUDGET figures at ``max_pages``) gets one page
     per figure kind: each figure costs ~0.5 s to draw, and the tables hold every context anyway."""
     if max_pages and max_pages > 1:
@@ -75,22 +78,30 @@ def build_blocks(
         if pages * FIGURE_KINDS > FIGURE_BUDGET:
             max_pages = 1
     jobs = _figure_job_list(rs, cs, sweep, smoothing, max_pages)
+    sizes = scaling.size_keys if scaling is not None else ()
+    basins = find_basins(rs, cs, sizes)  # every numeric axis at its best LRs (Kaplan et al. 2020, Fig. 5)
+    basin_section = len(cs.comparisons) + 1
+    if basins:
+        jobs.append((basin_section, lambda: basin_figures(basins, max_pages)))
     drawn = fork_map(lambda job: job[1](), jobs, workers=workers)
     figures: dict[int, list[PlotFigure]] = {}
     for (section, _), figs in zip(jobs, drawn):
         figures.setdefault(section, []).extend(figs)
     blocks: list[Block] = [Heading(1, title)]
-    if claims is not None and claims.results:
+    answered = claims is not None and bool(claims.results)
+    if answered:  # the answer first: one row per claim, so the Findings below hold only the largest effects
         blocks += claims_blocks(claims)
     baselines = {comp.axis.label: comp.baseline for comp in cs.comparisons}
     warning = speed_warning(unsteady_speed(rs, cs))
     size_keys = frozenset(scaling.size_keys) if scaling is not None else frozenset()
     notes = [warning] if warning else []
-    blocks += summary_blocks(rs, cs, findings(claims, largest_effects(cs), baselines), notes, size_keys)
+    items = findings(None if answered else claims, largest_effects(cs), baselines)
+    blocks += summary_blocks(rs, cs, items, notes, size_keys)
     if sweep is not None:
         blocks += lr_blocks(sweep, figures.get(0, []), compare_at_best_lr(rs, sweep=sweep))
     for i, comp in enumerate(cs.comparisons, 1):
         blocks += comparison_blocks(comp, i, figures.get(i, []))
+    blocks += basin_blocks(basins, figures.get(basin_section, []))
     if scaling is not None:
         blocks += scaling_blocks(scaling, dict(zip(rs.runs["run_id"], rs.runs[M.STATUS])))
     blocks += failed_blocks(rs, cs) + runs_blocks(rs, cs) + problem_blocks(rs)

@@ -23,6 +23,7 @@ from analysis.compute.claims import (
     NOTE_FIT_OFF_GOAL,
     NOTE_FIT_WINDOW,
     NOTE_GRIDS_DIFFER,
+    NOTE_LR_AT_EDGE,
     NOTE_SEEDS_LEFT_OUT,
     NOTE_SPEED_UNSTEADY,
     SPEED_SPREAD_LIMIT,
@@ -48,11 +49,11 @@ from analysis.compute.claims import (
 )
 from analysis.compute.compare import TEST_PAIRED, TEST_WELCH
 from analysis.compute.scaling import HELD_OUT_GOAL
-from analysis.present.document import Block, Bullets, Heading, Para, Table
+from analysis.present.document import Block, Bullets, Details, Heading, Para, Table
 from analysis.present.format import finite
 from analysis.sources.values import override_text
 from lm_ablate import metrics as M
-from lm_ablate.claim_spec import EQUAL, HIGHER, LOWER, Claim
+from lm_ablate.claim_spec import EQUAL, HIGHER, LOWER, METRICS, Claim
 
 MAX_CONTEXTS_IN_FINDING = 4
 METRIC_WORDS = {
@@ -70,6 +71,8 @@ METRIC_WORDS = {
     "compute_multiplier": "compute multiplier",
     "final_val_bpb": "val bits per byte",
     "downstream": "{task} {kind}",  # the claim's task and kind: shakespeare_order acc
+    "relative_val_loss": "final val loss vs the best value, %",  # basin claims (analysis/compute/basin.py)
+    "relative_val_bpb": "final val bits per byte vs the best value, %",
 }
 WHY_TEXT = {
     WHY_UNKNOWN_KEY: "a key it names is not a config key of these runs",
@@ -111,6 +114,7 @@ NOTE_TEXT = {
         "(Scaling: the table of forms, its every-budget row)"
     ),
     NOTE_GRIDS_DIFFER: "the arm and the baseline ran different LR grids",
+    NOTE_LR_AT_EDGE: "a value it rests on has its best LR at an edge of its grid (its loss may be lower beyond it)",
     NOTE_SEEDS_LEFT_OUT: "seeds that missed an LR of their grid were left out",
 }
 CELL_BEST_LR_TEXT = "each (arm, rung, budget) fitted at its best LR (Scaling: the fitted runs' table)"
@@ -126,6 +130,16 @@ def metric_text(claim: Claim) -> str:
 
 def _digits(claim: Claim) -> int:
     return 2 if claim.metric.endswith("spike_rate") else 4
+
+
+def sides(claim: Claim) -> tuple[str, str]:
+    """How the report names a claim's two sides: arm and baseline; a basin claim's values in its range and the best
+    value."""
+    if claim.over is not None:
+        low, high = claim.over
+        ends = ("−∞" if low is None else override_text(low), "∞" if high is None else override_text(high))
+        return f"{claim.axis} in [{ends[0]}, {ends[1]}]", "the best value"
+    return override_text(claim.arm), override_text(claim.baseline)
 
 
 def _infinite(x: Any) -> bool:
@@ -164,12 +178,17 @@ def effect_text(effect: Effect | None, claim: Claim) -> str:
 def comparison_text(claim: Claim) -> str:
     """``post − pre`` or ``rmsnorm / layernorm``: what the effect is."""
     op = " / " if claim.spec.ratio else " − "
-    return override_text(claim.arm) + op + override_text(claim.baseline)
+    if claim.spec.basin:
+        return "the deciding value vs the best value (%)"
+    return op.join(sides(claim))
 
 
 def expectation_text(claim: Claim) -> str:
     """``final val loss: post higher than pre``."""
-    arm, base = override_text(claim.arm), override_text(claim.baseline)
+    arm, base = sides(claim)
+    if claim.spec.basin:
+        words = "within" if claim.expect == "within" else "worse by at least"
+        return f"{metric_text(claim)}: {words} {claim.margin:g}% at every {arm}"
     if claim.expect == LOWER:
         rel = f"{arm} lower than {base}"
     elif claim.expect == HIGHER:
@@ -194,9 +213,10 @@ def test_text(effect: Effect | None) -> str:
 def stalled_text(result: ClaimResult) -> str:
     """``2 of 3 seeds of pre stalled`` for each side with stalled seeds where it was decided; "" when none."""
     c = result.claim
-    sides = ((override_text(c.arm), result.arm_stalled), (override_text(c.baseline), result.baseline_stalled))
+    arm, base = sides(c)
+    counts = ((arm, result.arm_stalled), (base, result.baseline_stalled))
     what = "fitted runs" if c.metric == "compute_multiplier" else "seeds"  # a ladder: seeds x rungs x budgets
-    return "; ".join(f"{k} of {n} {what} of {name} stalled" for name, (k, n) in sides if k)
+    return "; ".join(f"{k} of {n} {what} of {name} stalled" for name, (k, n) in counts if k)
 
 
 def reason_text(result: ClaimResult) -> str:
@@ -206,8 +226,9 @@ def reason_text(result: ClaimResult) -> str:
         parts = [WHY_TEXT.get(result.why, result.why)] if result.why else []
         if stalled_text(result):  # a metric about failing to train: its stalled seeds are data, and said so
             at_init = result.claim.spec.at_init and not result.claim.counts_failures
+            data = " (data of this metric)" if result.claim.spec.failures else " (data: the claim counts failures)"
             parts.append(stalled_text(result) + (" (later; this metric is read at initialization)" if at_init
-                                                 else " (data of this metric)"))  # fmt: skip
+                                                 else data))  # fmt: skip
     if result.effect is not None:
         said = {NOTE_CELL_BEST_LR, NOTE_OF_WHY.get(result.why, "")}  # said by "decided at", or by the reason
         parts += [NOTE_TEXT.get(n, n) for n in result.effect.notes if n not in said]
@@ -229,8 +250,10 @@ def decided_at_text(result: ClaimResult) -> str:
     c = result.claim
     if result.effect is not None and NOTE_CELL_BEST_LR in result.effect.notes:
         return CELL_BEST_LR_TEXT
-    parts = [best_lr_text(override_text(c.arm), result.arm_lr),
-             best_lr_text(override_text(c.baseline), result.baseline_lr)]  # fmt: skip
+    arm, base = sides(c)
+    if c.spec.basin and result.effect is not None:  # the deciding value: r(x) is the effect of its runs
+        arm = "the deciding value"
+    parts = [best_lr_text(arm, result.arm_lr), best_lr_text(base, result.baseline_lr)]
     return "; ".join(p for p in parts if p)
 
 
@@ -246,7 +269,7 @@ def seeds_text(result: ClaimResult) -> str:
         return ""  # no per-seed values (a compute multiplier): the Scaling section's tables list the runs
     stalled = set(result.stalled_runs)
     parts = []
-    for name, points in ((override_text(c.arm), e.arm_points), (override_text(c.baseline), e.baseline_points)):
+    for name, points in zip(sides(c), (e.arm_points, e.baseline_points)):
         shown = [value_text(v, c, signed=False) + (" (stalled)" if run in stalled else "") for run, _, v in points]
         parts.append(f"{name} seeds: " + ", ".join(shown))
     return "; ".join(parts)
@@ -258,28 +281,88 @@ def source_short(claim: Claim) -> str:
 
 
 # --- the Claims section ---------------------------------------------------------------------------------
-CLAIMS_INTRO = (
-    "The claims this study declares (under claims in its experiment file), each decided from these runs: "
-    "the effect is arm − baseline (arm / baseline for a ratio metric, tested on logs) with the report's "
-    "statistics (paired t over shared seeds, else Welch). Held: the 95% interval lies on the expected side of "
-    "0 (of 1 for a ratio); contradicted: it lies on the other side; for 'equal within a margin', held when "
-    "the 90% interval lies inside the margin (two one-sided tests at 5%, TOST) and contradicted when the 95% "
-    "interval lies entirely outside it; inconclusive otherwise; untested when the runs hold no value for one "
-    "side. A claim that applies to several contexts (values of the other varied axes) is decided in each. "
-    "Each side is taken at its own best learning rate (the LR of its grid with the lowest mean final val loss "
-    "over its completed seeds, seed-adjusted where its LRs ran different seeds: loss = LR effect + seed effect, "
-    "fitted by least squares; 'decided at' says which, ⚠ at an end of the grid) unless the claim pins the LR "
-    "in its context (a claim about a fixed regime). A side with stalled seeds where it is decided (on the "
-    "data's unigram plateau or flat: lm_ablate/stall.py) makes the claim inconclusive, its seeds listed one by "
-    "one, unless the metric is about failing to train (capped val loss, LR sensitivity), where a stalled run "
-    "is a data point. Capped val loss caps every run at ln V, the uniform prediction's loss (a diverged run "
-    "counts as ln V)."
+CLAIMS_RULES = (
+    "Each claim is decided from these runs: the effect is arm − baseline (arm / baseline for a ratio metric, "
+    "tested on logs) with the report's statistics (paired t over shared seeds, else Welch). Held: the 95% interval "
+    "lies on the expected side of 0 (of 1 for a ratio); contradicted: it lies on the other side; for 'equal within "
+    "a margin', held when the 90% interval lies inside the margin (two one-sided tests at 5%, TOST) and "
+    "contradicted when the 95% interval lies entirely outside it; inconclusive otherwise; untested when the runs "
+    "hold no value for one side. A claim that applies to several contexts (values of the other varied axes) is "
+    "decided in each. Each side is taken at its own best learning rate (the LR of its grid with the lowest mean "
+    "final val loss over its completed seeds, seed-adjusted where its LRs ran different seeds: loss = LR effect + "
+    "seed effect, fitted by least squares; 'decided at' says which, ⚠ at an end of the grid) unless the claim pins "
+    "the LR in its context (a claim about a fixed regime). Capped val loss caps every run at ln V, the uniform "
+    "prediction's loss (a diverged run counts as ln V)."
 )
+RULES_SUMMARY = "How a verdict is decided (intervals, the best LR of each side, stalled seeds)"
+DETAILS_SUMMARY = "Each claim in each context: where each side was taken, the test, the seeds, notes"
 
 
-def claims_blocks(claims: ClaimSet) -> list[Block]:
-    """Heading, the rule, the table (one row per claim and context), and any claim-definition problems."""
-    headers = ["claim", "expected", "context", "decided at", "effect [95% CI]", "test", "verdict"]
+def stall_rule(claims: ClaimSet) -> str:
+    """Which claims count a stalled run as a data point, from the claim spec (lm_ablate/claim_spec.py): metrics
+    about failing to train (``MetricSpec.failures``), metrics read at initialization (``MetricSpec.at_init``), and
+    any claim that says ``counts_failures: true``, naming those of this study that do so on another metric."""
+    failing = [name for name, spec in METRICS.items() if spec.failures]
+    at_init = [name for name, spec in METRICS.items() if spec.at_init]
+    text = (
+        "A side with stalled seeds where it is decided (on the data's unigram plateau or flat: lm_ablate/stall.py) "
+        "makes the claim inconclusive, its seeds listed one by one, except where a stalled run is a data point: "
+        f"on a metric about failing to train ({', '.join(failing)}), on a metric read at initialization, before "
+        f"any stall ({', '.join(at_init)}), and on any metric for a claim that declares counts_failures: true "
+        "(it is about training worse or not at all)"
+    )
+    flagged = [c for c in claims.claims if c.counts_failures and not c.spec.failures and not c.spec.at_init]
+    if flagged:
+        text += "; here " + "; ".join(f"{c.id} ({c.metric_name})" for c in flagged)
+    return text + "."
+
+
+def _context_effect(result: ClaimResult, several: bool, differ: bool) -> str:
+    """One context's part of the answer: ``ctx: post − pre = +0.41 [+0.30, +0.52] (held: note)``."""
+    c, e = result.claim, result.effect
+    where = f"{result.context}: " if several else ""
+    note = reason_text(result)
+    if e is None:
+        return f"{where}not tested ({note or VERDICT_TEXT[result.verdict]})"
+    text = f"{where}{comparison_text(c)} = {effect_text(e, c)}"
+    if c.expect == EQUAL and interval_text(e.low90, e.high90, c):
+        text += f", 90% CI {interval_text(e.low90, e.high90, c)}"
+    said = [VERDICT_TEXT[result.verdict]] if differ else []
+    said += [note] if note else []
+    return text + (f" ({': '.join(said)})" if said else "")
+
+
+def verdict_cell(claims: ClaimSet, claim: Claim) -> str:
+    """``held``, ``held in all 2 contexts`` or ``mixed (held in 1, inconclusive in 1 of 2 contexts)``."""
+    results = claims.of(claim.id)
+    overall = VERDICT_TEXT[claims.verdict(claim.id)]
+    if len(results) < 2:
+        return overall
+    verdicts = [r.verdict for r in results]
+    if len(set(verdicts)) == 1:
+        return f"{overall} in all {len(results)} contexts"
+    tally = [f"{VERDICT_TEXT[v]} in {verdicts.count(v)}" for v in (HELD, CONTRADICTED, INCONCLUSIVE, UNTESTED)
+             if v in verdicts]  # fmt: skip
+    return f"{overall} ({', '.join(tally)} of {len(results)} contexts)"
+
+
+def answer_table(claims: ClaimSet) -> Table:
+    """The report's first table: one row per claim, its verdict first, then its effect with the 95% interval in
+    each context, then what it claims."""
+    rows = []
+    for c in claims.claims:
+        results = claims.of(c.id)
+        several = len(results) > 1
+        differ = len({r.verdict for r in results}) > 1
+        effect = "; ".join(_context_effect(r, several, differ) for r in results) or "–"
+        claim = f"{c.id}: {c.statement.rstrip('.')} ({source_short(c)}). Expected: {expectation_text(c)}."
+        rows.append([verdict_cell(claims, c), effect, claim])
+    return Table(["verdict", "effect [95% CI]", "claim"], rows)
+
+
+def detail_table(claims: ClaimSet) -> Table:
+    """One row per claim and context: where each side was taken, the effect with the seeds, the test, the notes."""
+    headers = ["claim", "context", "decided at", "effect [95% CI]", "test", "verdict"]
     rows = []
     for r in claims.results:
         c, e = r.claim, r.effect
@@ -289,12 +372,20 @@ def claims_blocks(claims: ClaimSet) -> list[Block]:
         if seeds_text(r):
             effect += f"; {seeds_text(r)}"
         note = reason_text(r)
-        rows.append([
-            f"{c.id}: {c.statement.rstrip('.')} ({c.source})", expectation_text(c), r.context,
-            decided_at_text(r) or "–", effect, test_text(e), VERDICT_TEXT[r.verdict] + (f" ({note})" if note else ""),
-        ])  # fmt: skip
-    # the effect is text that wraps (two intervals for an "equal" claim), not a one-line number
-    out: list[Block] = [Heading(2, "Claims"), Para(CLAIMS_INTRO), Table(headers, rows)]
+        rows.append([f"{c.id} ({c.source})", r.context, decided_at_text(r) or "–", effect, test_text(e) or "–",
+                     VERDICT_TEXT[r.verdict] + (f" ({note})" if note else "")])  # fmt: skip
+    return Table(headers, rows)
+
+
+def claims_blocks(claims: ClaimSet) -> list[Block]:
+    """The answer first: the heading and one row per claim (verdict, effect, claim); then, folded, the rules and
+    the table of every claim in every context; then any claim-definition problems."""
+    out: list[Block] = [
+        Heading(2, "Claims"),
+        answer_table(claims),
+        Details(RULES_SUMMARY, [Para(CLAIMS_RULES + " " + stall_rule(claims))]),
+        Details(DETAILS_SUMMARY, [detail_table(claims)]),
+    ]
     problems = [f"{run}: {err} (its claims are ignored)" for run, err in claims.invalid]
     problems += [
         f"Claim {cid} is defined differently in different runs (the study file changed between runs): the "

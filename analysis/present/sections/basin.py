@@ -1,0 +1,60 @@
+"""The report's Basins section: every numeric axis drawn as Kaplan et al. 2020 draw shape at a fixed size (Fig. 5),
+each value at its own best LR, relative to the best value in % (analysis/compute/basin.py), a table per axis and
+context and the figure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from analysis.compute.basin import Basin
+from analysis.present.document import Block, Fig, Heading, Para, Table
+from analysis.present.figures.basin import metric_words
+from analysis.present.format import finite, num
+from analysis.present.style import PlotFigure
+from analysis.sources.values import override_text
+
+INTRO = (
+    "Each numeric axis with at least three values, drawn as Kaplan et al. 2020 draw d_ff/d_model, aspect ratio and "
+    "head dimension at a fixed parameter count (Fig. 5): every value at its own best LR (the LR of its grid with the "
+    "lowest mean final val loss over completed seeds; ⚠ at an end of the grid, where its optimum may lie beyond), its "
+    "metric relative to the best value's, 100 (L(x) − L(x*)) / L(x*) in %, with the 95% interval over seeds (the "
+    "paired t-test where the values share two seeds, else Welch's, divided by L(x*)). Where the values differ in "
+    "tokenizer the metric is bits per byte (loss per token does not compare). The best value is the minimum of "
+    "noisy means, so the others lean up by about its noise. Basin claims (within m% of the best over [a, b]; worse "
+    "by at least m% beyond c) are decided on these numbers in the Claims section."
+)
+
+
+def pct_text(value: float, low: float, high: float) -> str:
+    if not finite(value):
+        return "–"
+    if not (finite(low) and finite(high)):
+        return f"{value:+.2f}%"
+    return f"{value:+.2f}% [{low:+.2f}, {high:+.2f}]"
+
+
+def basin_table(b: Basin) -> Table:
+    rows = []
+    for p in b.points:
+        lr = override_text(p.lr.lr) if finite(p.lr.lr) else "–"
+        stalled = f"{p.stalled[0]} of {p.stalled[1]}" if p.stalled[0] else ""
+        rel = "0 (best)" if p.is_best else pct_text(p.relative, p.low, p.high)
+        rows.append([override_text(p.value), lr + (" ⚠ grid edge" if p.lr.at_edge else ""), num(p.mean), str(p.n),
+                     rel, stalled])  # fmt: skip
+    headers = ["value", "its best LR", f"{metric_words(b.metric)} (mean)", "seeds", "vs the best (95% CI)", "stalled"]
+    return Table(headers, rows, frozenset({2, 3, 4}))
+
+
+def basin_blocks(basins: Sequence[Basin], figures: Sequence[PlotFigure]) -> list[Block]:
+    if not basins:
+        return []
+    out: list[Block] = [Heading(2, "Basins"), Para(INTRO)]
+    for b in basins:
+        where = "" if b.context == "all runs" else f" ({b.context})"
+        out.append(Heading(3, f"{b.label}{where}"))
+        if b.refused:
+            out.append(Para(f"No basin: {b.refused}."))
+            continue
+        out.append(basin_table(b))
+    out += [Fig(f, f"{f.name}.png") for f in figures]
+    return out
