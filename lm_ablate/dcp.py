@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ from lm_ablate import checkpoint as ckpt
 from lm_ablate.distributed import Dist
 
 _WRAPPED = "_checkpoint_wrapped_module."  # torch's checkpoint_wrapper prefix (state dicts and DCP strip it)
+# torch/distributed/checkpoint/state_dict_loader.py (torch 2.13) warns on every load without a process group
+SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
 
 
 def optimizers_of(optimizer: Any) -> list[torch.optim.Optimizer]:
@@ -82,8 +85,13 @@ def load_into(model: nn.Module, optimizer: Any, folder: str | Path) -> None:
 
     parts = optimizers_of(optimizer)
     model_state, optim_state = get_state_dict(model, parts)
+    one_process = not (torch.distributed.is_available() and torch.distributed.is_initialized())  # DCP reshards
     try:
-        dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
+        with warnings.catch_warnings():
+            if one_process:  # dcp.load warns "torch.distributed is disabled ... assuming ... a single process" even
+                # when told so (no_dist=True): that is the intent here, not a problem to report
+                warnings.filterwarnings("ignore", SINGLE_PROCESS_WARNING, UserWarning)
+            dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder), no_dist=one_process)
     except Exception as err:  # DCP gathers every rank's failure into one long report
         lines = str(err).splitlines() or [type(err).__name__]
         first = re.sub(r"\s+", " ", next((line for line in lines if "Error" in line), lines[0]))[:200]

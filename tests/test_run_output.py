@@ -72,3 +72,55 @@ def test_the_step_bar_of_a_ladder_run_counts_to_its_budget(tmp_path, cache_dir, 
     assert cfg.train.max_steps == 10**9 and trainer.horizon == 8
     summary = trainer.run()
     assert summary[M.STEPS] == 8 and totals == [8]
+
+
+def test_resuming_a_folder_checkpoint_in_one_process_warns_nothing(tmp_path):
+    """A folder (DCP) checkpoint of an fsdp run, resumed by one process (no process group): torch's dcp.load
+    printed "torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to load in a
+    single process" on every resume; that is the intent, so it is silenced there, and the weights and optimizer
+    state loaded are the ones saved."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    from lm_ablate import checkpoint as ckpt
+    from lm_ablate.distributed import Dist
+    from lm_ablate.registry import REGULARIZERS
+    from lm_ablate.sharding import FSDP, OneProcess
+    from lm_ablate.train import build_optimizer
+
+    cpu = torch.device("cpu")
+    cfg = compose(["model=tiny", "train.parallel=fsdp"])
+    reg = REGULARIZERS.build(cfg.regularization)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:  # the checkpoint, as a sharded run writes it (one rank of a group)
+        torch.manual_seed(0)
+        from lm_ablate.model import TransformerLM
+
+        model = TransformerLM(cfg, 64)
+        strategy = FSDP(cfg, Dist(), cpu)
+        strategy.prepare(model)
+        opt = build_optimizer(cfg, model, reg, cpu)
+        for _ in range(2):
+            opt.zero_grad()
+            reg.loss(model(torch.randint(0, 64, (4, 32))), torch.randint(0, 64, (4, 32)))[0].backward()
+            opt.step()
+        saved = {n: p.full_tensor().clone() for n, p in model.named_parameters()}
+        state = {"config": {"train": {}}, "rng": ckpt.rng_state(), "progress": {"step": 2}}
+        strategy.save_checkpoint(tmp_path / "run", 2, model, opt, state, keep=1)
+        strategy.close()
+    finally:
+        dist.destroy_process_group()
+    (folder,) = ckpt.list_checkpoints(tmp_path / "run")
+
+    torch.manual_seed(1)
+    plain = TransformerLM(cfg, 64)
+    plain_opt = build_optimizer(cfg, plain, reg, cpu)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        OneProcess(cfg, Dist(), cpu).restore(plain, plain_opt, ckpt.load(folder))
+    assert [str(w.message) for w in caught if "torch.distributed" in str(w.message)] == []
+    assert dict(plain.named_parameters()).keys() == saved.keys()
+    assert all(torch.equal(p, saved[n]) for n, p in plain.named_parameters())
+    assert all(s["step"] == 2 for s in plain_opt.state_dict()["state"].values())
