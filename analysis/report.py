@@ -8,8 +8,10 @@ Usage::
                               [--by KEY ...] [--baseline KEY=VALUE] [--title T] [--workers N]
                               [--fit FORM] [--fit-budgets B[,B ...]]
 
-Runs come from run directories (PATHs), a W&B project (``--wandb``; cached under DIR/wandb_cache so
-``--offline`` rebuilds without the network), or both. ``--fit`` and ``--fit-budgets`` refit a ladder's recorded
+Runs come from run directories (PATHs), W&B run files on disk (PATHs too: a run's ``wandb/`` folder, its
+``offline-run-*`` folders, ``run-*.wandb`` files, or folders holding them; read without W&B's service or network
+by analysis/sources/wandb_offline.py), a W&B project (``--wandb``; cached under DIR/wandb_cache so ``--offline``
+rebuilds without the network), or several at once. ``--fit`` and ``--fit-budgets`` refit a ladder's recorded
 runs with another form or only some of its budgets (over the runs' ``ladder.fit``, ``ladder.fit_budgets``; the
 report says so); nothing is trained again and no run record changes.
 """
@@ -144,12 +146,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m analysis.report",
         description="Compare lm-ablate runs: tables with 95% CIs, curves, and a self-contained HTML report.",
     )
-    parser.add_argument("paths", nargs="*", help="run directories, multirun roots, or folders holding them")
+    parser.add_argument("paths", nargs="*", help="run directories, multirun roots, or folders holding them; also "
+                        "W&B runs on disk (a run's wandb/ folder, offline-run-* folders, run-*.wandb files, or "
+                        "folders holding them), read where no run record stands for them")  # fmt: skip
     parser.add_argument("--out", required=True, help="directory to write report.html, report.md and CSVs into")
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also (or only) report on this W&B project")
     parser.add_argument("--group", help="with --wandb: only the runs of this W&B group")
     parser.add_argument("--offline", action="store_true",
-                        help="with --wandb: use only the cache in OUT/wandb_cache (no network)")  # fmt: skip
+                        help="with --wandb: use only the cache in OUT/wandb_cache (no network); W&B offline "
+                        "runs (wandb/offline-run-*) are PATHs instead")  # fmt: skip
     parser.add_argument("--by", action="append", metavar="KEY", help="config key to compare (repeatable)")
     parser.add_argument("--baseline", metavar="KEY=VALUE", help="baseline arm, e.g. norm.name=layernorm")
     parser.add_argument("--title", help="report title (default: from the study name)")

@@ -775,7 +775,13 @@ def no_history(run_dir: Path, run_id: str) -> str:
     line = (f"{run_id}: {what}: no curves for this run, and no value read from the history "
             f"({INIT_VAL_LOSS}, first-probe gradients, extrapolation losses)")  # fmt: skip
     wandb_dir = run_dir / "wandb"
-    if wandb_dir.is_dir() and any(is_wandb_run_folder(os.listdir(d)) for d in wandb_dir.iterdir() if d.is_dir()):
+    try:
+        logged = wandb_dir.is_dir() and any(
+            is_wandb_run_folder(os.listdir(d)) for d in wandb_dir.iterdir() if d.is_dir()
+        )
+    except OSError:  # a folder that cannot be listed holds no hint
+        logged = False
+    if logged:
         line += f"; its W&B run holds them: python -m analysis.report {wandb_dir} --out DIR"
     return line
 

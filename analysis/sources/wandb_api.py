@@ -17,6 +17,7 @@ import json
 import math
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +272,47 @@ def _status(summary: dict[str, Any], state: str) -> str:
     return from_state or STATUS_INCOMPLETE
 
 
+@dataclass
+class WandbRun:
+    """One W&B run as read from the API cache or a run file: its metadata, config and summary as W&B holds them
+    (nested, W&B's own ``_`` keys in the summary included), and its history frame (:func:`history_frame`)."""
+
+    run_id: str
+    location: str  # the run's URL, W&B path or folder
+    name: str
+    group: str
+    state: str  # W&B's run state (finished, crashed, ...), "" when unknown
+    config: dict[str, Any] | None
+    summary: dict[str, Any]
+    history: pd.DataFrame
+
+
+def wandb_record(run: WandbRun, keep: Keep | None, problems: list[str]) -> RunRecord:
+    """The :class:`RunRecord` of a W&B run: the summary keys as in summary.json where our tracker logged them
+    (W&B drops a dict value, so ``choices`` comes from the config, where the run's config.yaml has it too),
+    else recomputed from the history with W&B's step count and runtime; the status from the summary and the
+    W&B state; the config flattened."""
+    config = run.config or None
+    if config is None:
+        problems.append(f"{run.run_id}: no W&B config; run left out of comparisons")
+    hist, summary = run.history, run.summary
+    extras = frame_extras(hist)
+    ours = {k: v for k, v in summary.items() if not str(k).startswith("_")}
+    if _has_ours(ours):  # logged by our tracker: the same keys as summary.json
+        if ours.get(M.CHOICES) is None and config and isinstance(config.get(M.CHOICES), dict):
+            ours[M.CHOICES] = config[M.CHOICES]
+        values = summary_values(ours, hist, run.name)
+    else:  # some other writer: recompute from the history, with W&B's step count and runtime
+        values = summary_values(None, hist, run.name)
+        values.update({k: float(summary[w]) for k, w in W_SUMMARY.items() if _number(summary.get(w)) is not None})
+    values[M.RUN_NAME] = ours.get(M.RUN_NAME) or run.name
+    values[M.GROUP] = ours.get(M.GROUP) or run.group or None
+    status = _status(summary, run.state)
+    flat = flatten(config) if config else None
+    kept = finish_history(hist, keep)
+    return RunRecord(run.run_id, run.location, run.name, status, values, flat, kept, extras, problems)
+
+
 def records_from_cache(
     cache: Path, table: pd.DataFrame, entity: str, project: str, group: str | None, keep: Keep | None
 ) -> list[RunRecord]:
@@ -290,28 +332,16 @@ def records_from_cache(
             config = json.loads(row["config_json"]) or None
         except (TypeError, ValueError):
             config = None
-        if config is None:
-            problems.append(f"{run_id}: no W&B config; run left out of comparisons")
         path = cache / HISTORY_DIR / f"{_safe(run_id)}.parquet"
         try:
             hist = _read_history(path, keep)
         except Exception as exc:
             problems.append(f"{run_id}: cached W&B history unreadable ({one_line(exc)}); history empty")
             hist = history_frame([])
-        extras = frame_extras(hist)
-        ours = {k: v for k, v in summary.items() if not str(k).startswith("_")}
-        if _has_ours(ours):  # logged by our tracker: the same keys as summary.json
-            values = summary_values(ours, hist, str(row["name"]))
-        else:  # some other writer: recompute from the history, with W&B's step count and runtime
-            values = summary_values(None, hist, str(row["name"]))
-            values.update({k: float(summary[w]) for k, w in W_SUMMARY.items() if _number(summary.get(w)) is not None})
-        values[M.RUN_NAME] = ours.get(M.RUN_NAME) or row["name"]
-        values[M.GROUP] = ours.get(M.GROUP) or row["group"] or None
-        status = _status(summary, str(row["state"]))
         location = row.get("url") or f"wandb:{entity}/{project}/{run_id}"
-        flat = flatten(config) if config else None
-        kept = finish_history(hist, keep)
-        records.append(RunRecord(run_id, location, str(row["name"]), status, values, flat, kept, extras, problems))
+        name, group_name, state = str(row["name"]), str(row["group"] or ""), str(row["state"])
+        run = WandbRun(run_id, location, name, group_name, state, config, summary, hist)
+        records.append(wandb_record(run, keep, problems))
     return records
 
 
