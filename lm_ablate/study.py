@@ -16,10 +16,12 @@ made, SLURM off a cluster) is one line and exit status 2 before anything is crea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from lm_ablate.config import ConfigError, bad, compose_error_message
@@ -31,8 +33,127 @@ LAUNCHERS = {"basic": "basic", "joblib": "local_parallel", "slurm": "slurm"}
 SWEEP_DIR = "hydra.sweep.dir"
 
 
+RESULTS_README = SWEEPS_DIR.parent / "results" / "README.md"  # its "Wall time of each study" table (gallery.py)
+SEED = "seed"
+SHOWN_VALUES = 6  # values of a swept key listed before "... (n values)"
+
+
 def studies() -> list[str]:
     return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """What ``sweeps/<study>.yaml`` runs: its jobs (overrides, in launch order) and the decay branches each run
+    writes beside its record (``ladder.budgets``: lm_ablate/budgets.py)."""
+
+    jobs: list[dict[str, str]]
+    branches_per_run: int
+
+    @property
+    def arms(self) -> list[dict[str, str]]:
+        """The distinct settings apart from the seed (an arm's seeds are its runs)."""
+        out: list[dict[str, str]] = []
+        for job in self.jobs:
+            arm = {k: v for k, v in job.items() if k != SEED}
+            if arm not in out:
+                out.append(arm)
+        return out
+
+    def swept(self) -> dict[str, list[str]]:
+        """Each swept key's values over every job, in order of first appearance (the seed last)."""
+        values: dict[str, list[str]] = {}
+        for job in self.jobs:
+            for key, value in job.items():
+                if value not in values.setdefault(key, []):
+                    values[key].append(value)
+        return {k: v for k, v in values.items() if k != SEED} | ({SEED: values[SEED]} if SEED in values else {})
+
+
+def study_plan(study: str) -> StudyPlan:
+    """The jobs of a sweep file as Hydra's basic sweeper (or lm-ablate's grids sweeper) expands them, without
+    composing anything (hydra_plugins/lm_ablate_grids.job_overrides, the sweep check's expansion)."""
+    import yaml
+
+    from hydra_plugins.lm_ablate_grids.grids_sweeper import job_overrides
+
+    sweep = yaml.safe_load((SWEEPS_DIR / f"{study}.yaml").read_text()) or {}
+    sweeper = (sweep.get("hydra") or {}).get("sweeper") or {}
+    jobs = [
+        dict(line.split("=", 1) for line in job)
+        for job in job_overrides(sweeper.get("params"), sweeper.get("grids"), [])
+    ]
+    ladder = dict((_experiment(sweep) or {}).get("ladder") or {}) | dict(sweep.get("ladder") or {})
+    budgets = ladder.get("budgets") or []
+    branches = len(budgets) - 1 if len(budgets) > 1 and ladder.get("budget") is None else 0
+    return StudyPlan(jobs, branches)
+
+
+def _experiment(sweep: dict) -> dict | None:
+    """The experiment file a sweep selects (``override experiment: NAME`` in its defaults), read as yaml."""
+    import yaml
+
+    from lm_ablate.config import CONF_DIR
+
+    for entry in sweep.get("defaults") or []:
+        if isinstance(entry, dict) and "override experiment" in entry:
+            path = CONF_DIR / "experiment" / f"{entry['override experiment']}.yaml"
+            return yaml.safe_load(path.read_text()) if path.is_file() else None
+    return None
+
+
+def measured_times(readme: Path | None = None) -> dict[str, tuple[str, str]]:
+    """study -> (wall time, train.threads) from the "Wall time of each study" table of results/README.md, where
+    ``python scripts/gallery.py build`` records each study's full run (none for a study never run in full)."""
+    readme = readme or RESULTS_README
+    text = readme.read_text() if readme.is_file() else ""
+    if "## Wall time of each study" not in text:
+        return {}
+    table = text.split("## Wall time of each study", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for row in table.splitlines():
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if row.startswith("| ") and len(cells) >= 3 and cells[0] not in ("study", "---") and "min" in cells[1]:
+            out[cells[0]] = (cells[1], cells[2])
+    return out
+
+
+def _threads(value: str) -> str:
+    """results/README.md's train.threads column in words: 1, default (both cores) or 1x2 (two 1-thread jobs)."""
+    if value == "default":
+        return "alone on both cores"
+    threads, _, jobs = value.partition("x")
+    return f"{jobs} jobs at train.threads={threads}" if jobs else f"train.threads={value}"
+
+
+def _values(values: list[str]) -> str:
+    """Numbers in increasing order (an LR grid, the rungs), anything else as the sweep lists it."""
+    with contextlib.suppress(ValueError):
+        values = sorted(values, key=float)
+    shown = ", ".join(values[:SHOWN_VALUES])
+    return shown if len(values) <= SHOWN_VALUES else f"{shown}, ... ({len(values)} values)"
+
+
+def listing() -> str:
+    """``--list``: every study with its runs, arms, what it sweeps and its measured wall time."""
+    times = measured_times()
+    blocks = []
+    for study in studies():
+        plan = study_plan(study)
+        runs = f"{len(plan.jobs)} runs"
+        if plan.branches_per_run:
+            runs += f" (+{plan.branches_per_run * len(plan.jobs)} branch records)"
+        if study in times:
+            wall, threads = times[study]
+            measured = f"measured {wall}, {_threads(threads)}"
+        else:
+            measured = "not measured"
+        name = f"{study} (default)" if study == DEFAULT_STUDY else study
+        lines = [f"{name}: {runs}, {len(plan.arms)} arms; {measured}"]
+        lines += [f"    {key}: {_values(values)}" for key, values in plan.swept().items()]
+        blocks.append("\n".join(lines))
+    where = f"{RESULTS_README.parent.name}/{RESULTS_README.name}"
+    return "\n".join([*blocks, f"(arms: the settings apart from the seed; measured: the full study, from {where})"])
 
 
 def sweep_command(study: str, out: Path, launcher: str, overrides: list[str]) -> list[str]:
@@ -118,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, help=f"multirun directory (default multirun/<study>/<time>; {SWEEP_DIR}=DIR does the same)"
     )
-    parser.add_argument("--list", action="store_true", help="list the studies and exit")
+    parser.add_argument(
+        "--list", action="store_true", help="list the studies (runs, arms, swept values, measured time)"
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every run, e.g. train.max_steps=400")
     args, extra = parser.parse_known_args(argv)
     overrides = [a for a in args.overrides + extra if a != "--"]
@@ -129,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.list:
-        print("\n".join(studies()))
+        print(listing())
         return 0
     try:
         if args.study not in studies():

@@ -242,3 +242,43 @@ def test_readme_is_short_with_the_two_quickstart_commands() -> None:
     assert commands == ["bash scripts/study.sh", "bash scripts/test.sh"]
     assert "`bash scripts/study.sh train.threads=1`" in quickstart  # the choice on a busy machine
     assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()  # what CI runs is the README's command
+
+
+def test_study_list_shows_runs_arms_and_the_measured_time(tmp_path, monkeypatch, capsys) -> None:
+    """``python -m lm_ablate.study --list`` printed bare names. Now each study's runs and branch records agree with
+    the "runs" column of docs/studies.md's table (written by hand from the runs), its arms are its jobs without
+    the seed, and its time is results/README.md's wall-time row (gallery.py writes it), "not measured" without one."""
+    import yaml
+
+    from lm_ablate import study
+
+    table = (DOCS / "studies.md").read_text().split("| study | arms", 1)[1].split("\n\n", 1)[0]
+    documented = {}
+    for row in table.splitlines()[2:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        documented[cells[0].split()[0].strip("`")] = cells[2]  # "112 (+336 branch records)", "113 (+339)"
+    assert set(documented) == set(study.studies())
+    readme = (ROOT / "results" / "README.md").read_text().split("## Wall time of each study", 1)[1]
+    measured = dict(re.findall(r"^\| (\w+) \| ([\d.]+ min[^|]*?) \|", readme, re.M))
+    assert "norm_2x2" in measured
+
+    assert study.main(["--list"]) == 0
+    blocks = {
+        b.split(":")[0].removesuffix(" (default)"): b for b in capsys.readouterr().out.split("\n") if b[:1].strip()
+    }
+    for name in study.studies():
+        head = blocks[name]
+        runs, branches = re.match(r"(\d+)(?: \(\+(\d+)(?: branch records)?\))?", documented[name]).groups()
+        assert f": {runs} runs" in head and (branches is None or f"(+{branches} branch records)" in head), (name, head)
+        sweeper = yaml.safe_load((ROOT / "sweeps" / f"{name}.yaml").read_text())["hydra"]["sweeper"]
+        assert f"{len(study.study_plan(name).arms)} arms" in head and ("grids" in sweeper or "params" in sweeper)
+        assert (f"measured {measured[name].strip()}, " in head) if name in measured else "not measured" in head, head
+    arms = study.study_plan("norm_2x2").arms  # written out: {layernorm, rmsnorm} x {pre, post}
+    assert sorted((a["norm"], a["norm.placement"]) for a in arms) == [
+        ("layernorm", "post"), ("layernorm", "pre"), ("rmsnorm", "post"), ("rmsnorm", "pre")]  # fmt: skip
+
+    (tmp_path / "README.md").write_text("# Results gallery\n")  # a fresh results/ without the table
+    monkeypatch.setattr(study, "RESULTS_README", tmp_path / "README.md")
+    assert study.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert "norm_2x2 (default): 12 runs, 4 arms; not measured" in out and "min" not in out
