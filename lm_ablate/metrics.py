@@ -141,12 +141,13 @@ DOWNSTREAM_EXAMPLES = "downstream_examples"  # {task: examples scored per evalua
 # what decides a run's digits besides its config (lm_ablate/provenance.py): this session's values
 TORCH_VERSION = "torch_version"  # torch.__version__
 CPU_CAPABILITY = "cpu_capability"  # torch.backends.cpu.get_cpu_capability(): the kernels ATen dispatches to
+CPU_MODEL = "cpu_model"  # /proc/cpuinfo's model name: matmul libraries (MKL, oneDNN) pick their kernels by the CPU
 THREADS = "threads"  # torch.get_num_threads() while training
 DEVICE = "device"  # cpu | cuda | mps
 CUDA_VERSION = "cuda_version"  # torch.version.cuda (null on CPU)
 CUDNN_VERSION = "cudnn_version"  # torch.backends.cudnn.version() (null on CPU)
 GPU_NAME = "gpu_name"  # torch.cuda.get_device_name (null on CPU)
-PROVENANCE = (TORCH_VERSION, CPU_CAPABILITY, THREADS, DEVICE, CUDA_VERSION, CUDNN_VERSION, GPU_NAME)
+PROVENANCE = (TORCH_VERSION, CPU_CAPABILITY, CPU_MODEL, THREADS, DEVICE, CUDA_VERSION, CUDNN_VERSION, GPU_NAME)
 PROVENANCE_EARLIER = "provenance_earlier"  # a resumed run's earlier sessions whose provenance differed, in order
 
 # --- JSON of the run record ------------------------------------------------------------------------------

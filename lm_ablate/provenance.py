@@ -7,14 +7,17 @@ machines it is not, because the floating-point sums inside the kernels are order
 * the CPU kernels ATen dispatches to (``cpu_capability``, ``torch.backends.cpu.get_cpu_capability()``:
   ``DEFAULT``, ``AVX2``, ``AVX512``, ...; ``ATEN_CPU_CAPABILITY=avx2`` forces a lower one), which vectorise
   reductions at different widths;
+* the CPU itself (``cpu_model``, /proc/cpuinfo's model name): the matmul libraries torch calls (MKL, oneDNN)
+  choose their kernels by the CPU's instruction sets, whatever ATen's capability says;
 * the number of intra-op threads (``threads``, ``torch.get_num_threads()``): a reduction split over more threads
   adds its partial sums in another order;
 * the device (``device``) and, on CUDA, the CUDA and cuDNN versions and the GPU (``cuda_version``,
   ``cudnn_version``, ``gpu_name``).
 
 Measured (docs/running.md, "What reproducible means here"): the default study's LayerNorm pre-norm run, seed 0,
-1 thread, ends at val loss 2.7276 with AVX-512 kernels, 2.7402 with AVX2 and 2.7788 with the DEFAULT kernels;
-rounding differences of 1e-7 grow to 0.01-0.05 nats over 150 steps at lr 1e-2 without warm-up.
+1 thread, ends at val loss 2.7276 with AVX-512 kernels, 2.7402 with ATEN_CPU_CAPABILITY=avx2 on that machine,
+2.7788 with the DEFAULT kernels, and 2.7682 on a machine whose CPU has AVX2 and no AVX-512; rounding differences
+of 1e-7 grow to 0.01-0.05 nats over 150 steps at lr 1e-2 without warm-up.
 
 :func:`stamp` puts this session's values into the summary; a resumed run whose earlier session ran elsewhere
 keeps that session's values under ``provenance_earlier``. :func:`differences` compares two records.
@@ -23,14 +26,32 @@ keeps that session's values under ``provenance_earlier``. :func:`differences` co
 from __future__ import annotations
 
 import math
+import platform
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from lm_ablate import metrics as M
 
-CORE = (M.TORCH_VERSION, M.CPU_CAPABILITY, M.THREADS, M.DEVICE)  # compared on every device
+CORE = (M.TORCH_VERSION, M.CPU_CAPABILITY, M.CPU_MODEL, M.THREADS, M.DEVICE)  # compared on every device
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name: the first ``model name`` of /proc/cpuinfo (Linux x86), else what ``platform`` says
+    (None when nothing does)."""
+    try:
+        for line in CPUINFO.read_text(errors="replace").splitlines():
+            key, _, name = line.partition(":")
+            if key.strip() == "model name" and name.strip():
+                return name.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or None
+
+
 CUDA_ONLY = (M.CUDA_VERSION, M.CUDNN_VERSION, M.GPU_NAME)  # compared when the run was on CUDA
 
 
@@ -42,6 +63,7 @@ def provenance(device: torch.device | str) -> dict[str, Any]:
     return {
         M.TORCH_VERSION: torch.__version__,
         M.CPU_CAPABILITY: torch.backends.cpu.get_cpu_capability(),
+        M.CPU_MODEL: cpu_model(),
         M.THREADS: torch.get_num_threads(),
         M.DEVICE: device.type,
         M.CUDA_VERSION: torch.version.cuda if cuda else None,

@@ -16,7 +16,7 @@ then scaled down) when a study's folder would pass FOLDER_LIMIT.
 
 ``build`` also writes results/<study>/runs.csv, one row per run: its name, arm (each override key a column), seed,
 status, stalled, steps, final val loss and downstream scores, what decides its digits (lm_ablate/provenance.py:
-torch version, CPU capability, threads, device; empty where a run recorded before them did not say) and the
+torch version, CPU capability and model, threads, device; empty where a run recorded before them did not say) and the
 overrides that make its command. ``check`` reruns one of those runs (``--run NAME``; default: the first completed
 one) from that command, into a temporary folder with tracking=none, and prints one line: equal digits, or the
 difference against the arm's seed spread (std over its seeds in runs.csv) with what differs between the machines.
@@ -248,11 +248,13 @@ def seed_spread(table: pd.DataFrame, arm: str) -> tuple[float, int]:
 
 
 def machine_text(fields: dict) -> str:
-    """e.g. "torch 2.13.0+cpu, AVX2 kernels, 1 thread, cpu" (with the GPU and CUDA version on CUDA)."""
+    """e.g. "torch 2.13.0+cpu, AVX2 kernels on AMD EPYC, 1 thread, cpu" (with the GPU and CUDA version on CUDA)."""
     value = {k: provenance.value(fields.get(k)) for k in M.PROVENANCE}
     threads = value[M.THREADS]
-    parts = [f"torch {value[M.TORCH_VERSION] or '?'}", f"{value[M.CPU_CAPABILITY] or '?'} kernels",
-             f"{threads if threads is not None else '?'} thread{'' if threads == 1 else 's'}", value[M.DEVICE] or "?"]  # fmt: skip
+    parts = [f"torch {value[M.TORCH_VERSION] or '?'}",
+             f"{value[M.CPU_CAPABILITY] or '?'} kernels on {value[M.CPU_MODEL] or '?'}",
+             f"{threads if threads is not None else '?'} thread{'' if threads == 1 else 's'}",
+             value[M.DEVICE] or "?"]  # fmt: skip
     if value[M.DEVICE] == "cuda":
         parts += [f"{value[M.GPU_NAME]}, CUDA {value[M.CUDA_VERSION]}, cuDNN {value[M.CUDNN_VERSION]}"]
     return ", ".join(parts)
@@ -281,8 +283,9 @@ def compare(row: pd.Series, rerun: dict, spread: tuple[float, int]) -> tuple[str
         return f"equal digits: final val loss {recorded!r} recorded and rerun {where}", 0
     std, n = spread
     d = now - recorded
+    plural = "s" if n != 1 else ""
     against = (f"{abs(d) / std:.2f}x the arm's seed spread (std {std:.4f} over {n} seeds)" if std > 0
-               else f"no seed spread to compare with ({n} completed seed{'s' if n != 1 else ''} of this arm)")  # fmt: skip
+               else f"no seed spread to compare with ({n} completed seed{plural} of this arm)")  # fmt: skip
     numbers = f"recorded {recorded:.6f}, rerun {now:.6f}: difference {d:+.6f}, {against}"
     if not why:
         return f"DIFFERENT digits on a matching machine ({machine_text(rerun)}): {numbers}", 1
@@ -547,7 +550,7 @@ def build(studies: list[str]) -> int:
             "`python scripts/gallery.py run` (`python -m lm_ablate.study STUDY tracking=none` per study; times below),",
             "and its report rebuilt with `python scripts/gallery.py build`. Each folder holds the report's markdown,",
             "figures and tables (claims.csv, comparisons.csv; runs.csv: each run's final values and the torch version,",
-            "CPU kernels, threads and device that decided its digits, [what reproducible means",
+            "CPU, threads and device that decided its digits, [what reproducible means",
             "here](../docs/running.md#what-reproducible-means-here); `python scripts/gallery.py check STUDY` reruns",
             "one). Every verdict below is computed from the runs by",
             "`analysis/compute/claims.py` (held: the 95% interval of arm − baseline excludes 0 in the expected direction;",
@@ -599,8 +602,9 @@ def main(argv: list[str] | None = None) -> int:
             p.parent.name for p in RESULTS.glob(f"*/{RUNS_CSV}") if (SWEEPS / f"{p.parent.name}.yaml").is_file()
         )
         if len(args.studies) != 1 or args.studies[0] not in checkable:
+            allowed = ", ".join(checkable) or "none yet (build writes them)"
             parser.error(f"check needs one study with a results/<study>/{RUNS_CSV} and a sweep, got "
-                         f"{' '.join(args.studies) or 'none'}; allowed: {', '.join(checkable) or 'none yet (build writes them)'}")  # fmt: skip
+                         f"{' '.join(args.studies) or 'none'}; allowed: {allowed}")  # fmt: skip
         os.chdir(ROOT)
         return check(args.studies[0], args.run)
     studies = args.studies or STUDIES

@@ -273,8 +273,8 @@ def test_each_committed_figure_is_one_its_report_shows(study):
 
 
 # --- runs.csv and the check that reruns a committed run (issue 46.10) ------------------------------------------
-HERE = {"torch_version": "2.13.0+cpu", "cpu_capability": "AVX2", "threads": 1, "device": "cpu", "cuda_version": None,
-        "cudnn_version": None, "gpu_name": None}  # fmt: skip
+HERE = {"torch_version": "2.13.0+cpu", "cpu_capability": "AVX2", "cpu_model": "AMD EPYC", "threads": 1, "device": "cpu",
+        "cuda_version": None, "cudnn_version": None, "gpu_name": None}  # fmt: skip
 
 
 def _record(folder: Path, summary: dict, config: dict, overrides: list[str] | None) -> None:
@@ -313,12 +313,13 @@ def test_runs_csv_has_each_runs_values_and_provenance_and_leaves_unrecorded_fiel
     assert new["final_val_loss"] == 2.7276120185852051  # every digit survives the CSV
     assert new["arm"] == "norm=rmsnorm" and new["norm"] == "rmsnorm" and new["seed"] == 0
     assert new["downstream/order/acc"] == 0.66 and new["final_val_bpb"] == 3.9 and new["steps"] == 100
-    assert {k: new[k] for k in ("torch_version", "cpu_capability", "threads", "device")} == {
-        "torch_version": "2.13.0+cpu", "cpu_capability": "AVX2", "threads": 1, "device": "cpu"}  # fmt: skip
+    assert {k: new[k] for k in ("torch_version", "cpu_capability", "cpu_model", "threads", "device")} == {
+        "torch_version": "2.13.0+cpu", "cpu_capability": "AVX2", "cpu_model": "AMD EPYC", "threads": 1,
+        "device": "cpu"}  # fmt: skip
     assert json.loads(new["overrides"]) == ["norm=rmsnorm", "seed=0"]  # what the check sets itself is left out
     # not recorded: empty, not guessed; a config's explicit train.threads and train.device were recorded
-    assert old[["torch_version", "cpu_capability", "threads", "device", "final_val_bpb"]].isna().all()
-    assert fixed[["torch_version", "cpu_capability"]].isna().all()
+    assert old[["torch_version", "cpu_capability", "cpu_model", "threads", "device", "final_val_bpb"]].isna().all()
+    assert fixed[["torch_version", "cpu_capability", "cpu_model"]].isna().all()
     assert fixed["threads"] == 1 and fixed["device"] == "cpu" and bool(fixed["stalled"]) and not bool(old["stalled"])
     assert pd.isna(branch["overrides"]) and branch["run"] == "norm=rmsnorm,seed=0,ladder.budget=0.5"
     assert gallery.seed_spread(gallery.read_runs("study"), "norm=rmsnorm") == pytest.approx(
@@ -339,7 +340,7 @@ def test_check_line_equal_digits_or_the_difference_against_the_seed_spread(galle
     # the same machine, other digits: not reproducible
     line, rc = gallery.compare(_row(), {**HERE, "final_val_loss": 2.7276 + 0.004}, spread)
     assert rc == 1 and line.startswith(
-        "DIFFERENT digits on a matching machine (torch 2.13.0+cpu, AVX2 kernels, 1 thread"
+        "DIFFERENT digits on a matching machine (torch 2.13.0+cpu, AVX2 kernels on AMD EPYC, 1 thread, cpu)"
     )
     assert "difference +0.004000, 0.05x the arm's seed spread (std 0.0800 over 3 seeds)" in line
     # the issue's case: recorded with AVX-512 kernels, rerun with AVX2
@@ -348,9 +349,9 @@ def test_check_line_equal_digits_or_the_difference_against_the_seed_spread(galle
         "different digits, as expected when the machine differs: cpu_capability AVX512 -> AVX2: recorded 2.727600, "
         "rerun 2.740200: difference +0.012600, 0.16x the arm's seed spread (std 0.0800 over 3 seeds)"
     )
-    old = _row(torch_version=math.nan, cpu_capability=math.nan, threads=math.nan, device=math.nan)
+    old = _row(torch_version=math.nan, cpu_capability=math.nan, cpu_model=math.nan, threads=math.nan, device=math.nan)
     line, rc = gallery.compare(old, {**HERE, "final_val_loss": 2.7547}, (math.nan, 1))
-    assert rc == 0 and "did not record torch_version, cpu_capability, threads, device" in line
+    assert rc == 0 and "did not record torch_version, cpu_capability, cpu_model, threads, device" in line
     assert "no seed spread to compare with (1 completed seed of this arm)" in line
     line, rc = gallery.compare(_row(provenance_earlier='[{"threads": 2}]'), {**HERE, "final_val_loss": 2.7}, spread)
     assert rc == 0 and "resumed on another machine" in line

@@ -1,9 +1,11 @@
-"""What decides a run's digits (lm_ablate/provenance.py) is in every run record, read from torch itself (issue 46.10)."""
+"""What decides a run's digits (lm_ablate/provenance.py) is in every run record, read from torch (issue 46.10)."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
+import shutil
 import subprocess
 import sys
 
@@ -24,6 +26,7 @@ def test_provenance_is_torchs_own_answer_and_follows_the_thread_count():
             assert provenance.provenance("cpu") == {
                 "torch_version": torch.__version__,
                 "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                "cpu_model": provenance.cpu_model(),
                 "threads": n,
                 "device": "cpu",
                 "cuda_version": None,
@@ -47,6 +50,21 @@ def test_on_cuda_the_gpu_and_its_libraries_are_recorded(monkeypatch):
     assert provenance.differences(got, {**got, "gpu_name": "NVIDIA A100"})[0] == {
         "gpu_name": ("NVIDIA H100 80GB HBM3", "NVIDIA A100")
     }
+
+
+@pytest.mark.skipif(shutil.which("lscpu") is None, reason="needs lscpu")
+def test_cpu_model_is_the_one_lscpu_names():
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"}).stdout
+    names = [line.partition(":")[2].strip() for line in out.splitlines() if line.startswith("Model name:")]
+    assert provenance.cpu_model() == names[0]
+
+
+def test_cpu_model_without_proc_cpuinfo_is_what_platform_says(monkeypatch, tmp_path):
+    monkeypatch.setattr(provenance, "CPUINFO", tmp_path / "missing")
+    assert provenance.cpu_model() == (platform.processor() or platform.machine() or None)
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n\n")
+    monkeypatch.setattr(provenance, "CPUINFO", tmp_path / "cpuinfo")
+    assert provenance.cpu_model() == "Intel(R) Xeon(R) Platinum 8480+"
 
 
 @pytest.mark.gpu
@@ -99,16 +117,23 @@ def test_a_session_elsewhere_is_kept_in_order():
 @pytest.mark.parametrize(
     ("recorded", "differ", "missing"),
     [
-        ({}, {}, ["torch_version", "cpu_capability", "threads", "device"]),  # a run from before the fields
-        ({"threads": 1.0, "device": "cpu"}, {}, ["torch_version", "cpu_capability"]),  # a CSV's 1.0 is 1 thread
-        ({"threads": 2}, {"threads": (2, 1)}, ["torch_version", "cpu_capability", "device"]),
+        ({}, {}, ["torch_version", "cpu_capability", "cpu_model", "threads", "device"]),  # a run from before the fields
+        # a CSV's 1.0 is 1 thread
+        ({"threads": 1.0, "device": "cpu", "cpu_model": "AMD EPYC"}, {}, ["torch_version", "cpu_capability"]),
+        ({"threads": 2}, {"threads": (2, 1)}, ["torch_version", "cpu_capability", "cpu_model", "device"]),
         ({"cpu_capability": "AVX512", "gpu_name": "H100"}, {"cpu_capability": ("AVX512", "AVX2")},
-         ["torch_version", "threads", "device"]),  # a GPU name counts only for a run on CUDA
+         ["torch_version", "cpu_model", "threads", "device"]),  # a GPU name counts only for a run on CUDA
         ({"device": "cuda", "gpu_name": "H100"}, {"device": ("cuda", "cpu"), "gpu_name": ("H100", None)},
-         ["torch_version", "cpu_capability", "threads", "cuda_version", "cudnn_version"]),
+         ["torch_version", "cpu_capability", "cpu_model", "threads", "cuda_version", "cudnn_version"]),
     ],
 )  # fmt: skip
 def test_differences_name_each_field_that_differs_or_was_not_recorded(recorded, differ, missing):
-    here = {"torch_version": "2.13.0+cpu", "cpu_capability": "AVX2", "threads": 1, "device": "cpu"}
+    here = {
+        "torch_version": "2.13.0+cpu",
+        "cpu_capability": "AVX2",
+        "cpu_model": "AMD EPYC",
+        "threads": 1,
+        "device": "cpu",
+    }
     assert provenance.differences(recorded, here) == (differ, missing)
     assert provenance.differences(here, here) == ({}, [])
