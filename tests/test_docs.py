@@ -282,3 +282,55 @@ def test_study_list_shows_runs_arms_and_the_measured_time(tmp_path, monkeypatch,
     assert study.main(["--list"]) == 0
     out = capsys.readouterr().out
     assert "norm_2x2 (default): 12 runs, 4 arms; not measured" in out and "min" not in out
+
+
+def config_table() -> dict[str, str]:
+    """docs/configuration.md's group table: group -> its row."""
+    text = (DOCS / "configuration.md").read_text()
+    return {m.group(1): m.group(0) for m in re.finditer(r"^\| `([a-z_]+)` \|.*$", text, re.M)}
+
+
+def test_every_config_group_and_option_has_a_row_in_configuration_md() -> None:
+    """docs/configuration.md's table lists every group of conf/ with each of its options (experiment: one file per
+    study, not listed one by one), so a new group or option cannot go undocumented (the ladder row lacked
+    cpu_mup, the eval group had no row)."""
+    rows = config_table()
+    groups = sorted(p.name for p in (ROOT / "conf").iterdir() if p.is_dir() and p.name != "hydra")
+    assert [g for g in groups if g not in rows] == []
+    for group in groups:
+        if group == "experiment":
+            continue
+        options = sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
+        cells = rows[group].split(" | ")
+        missing = [o for o in options if f"`{o}`" not in cells[1]]
+        assert not missing, f"docs/configuration.md: the {group} row lacks {missing}"
+
+
+def _keys(node: DictConfig, prefix: str = "") -> list[str]:
+    out = []
+    for key in node:
+        value = node._get_node(key)
+        if isinstance(value, DictConfig):
+            out += _keys(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def test_every_train_and_ladder_key_is_in_configuration_md() -> None:
+    """Every key of the schema's train (distributed training's and ``progress`` were missing) and ladder nodes is
+    named in docs/configuration.md (spike's as spike.window / spike.k)."""
+    text = (DOCS / "configuration.md").read_text()
+    spans = {m.group(2).split(":")[0].strip() for m in CODE_SPAN.finditer(text)}
+    missing = [f"train.{k}" for k in _keys(schema().train) if k not in spans]
+    missing += [f"ladder.{k}" for k in _keys(schema().ladder) if k != "name" and k not in spans]
+    assert missing == [], f"not in docs/configuration.md: {missing}"
+
+
+def test_setup_extras_are_the_ones_the_docs_name() -> None:
+    """README.md and docs/testing.md say which extras scripts/setup.sh installs (they said .[test]; it is .[test,eval])."""
+    installed = re.findall(r'pip install -q -e "(\.\[[a-z,]+\])"', (ROOT / "scripts" / "setup.sh").read_text())
+    assert len(installed) == 1
+    for page in (README, DOCS / "testing.md"):
+        named = set(re.findall(r'pip\s+install -e "(\.\[[a-z,]+\])"', page.read_text()))
+        assert named == {installed[0]}, (page.name, named)
