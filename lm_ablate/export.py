@@ -10,8 +10,23 @@ folder is written under a temporary name beside HF_DIR, loaded back with ``from_
 attention) and its logits checked again, and its tokenizer must encode a sample text to the run's ids; only
 then is it renamed to HF_DIR. A failed check deletes the temporary folder.
 
-Tokenizer: the run's BPE or pretrained ``tokenizer.json`` (with its EOS); for byte-level runs a byte-level
-``tokenizer.json`` whose ids are the UTF-8 bytes (no merges), so the exported folder is complete either way.
+Tokenizer: the run's BPE or pretrained ``tokenizer.json`` (with its EOS as BOS and EOS); for byte-level runs a
+byte-level ``tokenizer.json`` whose ids are the UTF-8 bytes (no merges), so the exported folder is complete
+either way. What the tokenizer files say, for every run (``tokenizer_config.json``):
+
+  * ``model_max_length`` = ``model.context``: the positions the model was trained on (lm-eval's hf model
+    truncates to it; ``tokenizer(..., truncation=True)`` cuts there). ``model.generate`` is not bounded by it:
+    keep prompt + ``max_new_tokens`` within the context (a learned position table has no row past it);
+  * ``split_special_tokens``: special-token text in a document (a literal ``<|endoftext|>``) is encoded as
+    text, as the run's own tokenizer does (lm_ablate/data/tokenizers.py), never as the special id;
+  * BOS and EOS: the run's EOS (its document separator); a byte-level run has no special token, and its
+    documents are joined by ``"\\n\\n"``, so every document starts right after the newline byte (id 10): that
+    byte is its BOS and EOS (``Ċ`` in the byte-level alphabet), which lm-eval's hf model needs as the context
+    of an empty-context request (its ``prefix_token_id``: the same id ``python -m lm_ablate.evaluate`` uses),
+    as padding, and as the end of a generation. So lm-eval's generations from a byte export stop at a
+    newline, and ``decode(ids, skip_special_tokens=True)`` drops newlines. The model's own config gets
+    ``bos_token_id`` 10 and no ``eos_token_id`` (``model.generate`` runs to ``max_new_tokens``).
+
 ``data=tokens`` without ``data.tokenizer_path`` has no tokenizer to write: the folder holds the model only.
 ``lm_ablate_export.json`` records the run, step, family and the measured logit difference.
 """
@@ -29,7 +44,10 @@ from typing import Any
 from lm_ablate.errors import ConfigError, bad
 
 EXPORT_RECORD = "lm_ablate_export.json"
-SAMPLE_TEXT = "To be, or not to be: that is the question.\nÉtude — 1,234 résumés!"
+# the check of a written tokenizer: newlines, non-ASCII, and special-token text (a literal <|endoftext|>, and Ċ:
+# the byte-level symbol of the newline byte, a byte export's EOS) that must be encoded as text
+SAMPLE_TEXT = "To be, or not to be: that is the question.\nÉtude — 1,234 résumés! <|endoftext|> Ċ\n\n"
+NEWLINE = 10  # the byte that begins every document of a byte-level run (documents joined by "\n\n")
 
 
 def check_out(out: Path) -> None:
@@ -78,7 +96,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def hf_tokenizer(cfg: Any) -> tuple[Any | None, Any]:
-    """(transformers fast tokenizer or None, the run's own tokenizer)."""
+    """(transformers fast tokenizer or None, the run's own tokenizer), as the module docstring says."""
     from transformers import PreTrainedTokenizerFast
 
     from lm_ablate.data.pretokenized import IdsTokenizer
@@ -88,9 +106,12 @@ def hf_tokenizer(cfg: Any) -> tuple[Any | None, Any]:
     ours = run_tokenizer(cfg)
     if isinstance(ours, IdsTokenizer):
         return None, ours
+    common = {"model_max_length": int(cfg.model.context), "split_special_tokens": True}
     if isinstance(ours, ByteTokenizer):
-        return PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer()), ours
-    return PreTrainedTokenizerFast(tokenizer_object=ours.tok, eos_token=ours.eos, bos_token=ours.eos), ours
+        newline = _bytes_to_unicode()[NEWLINE]
+        tok = PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer(), eos_token=newline, bos_token=newline, **common)
+        return tok, ours
+    return PreTrainedTokenizerFast(tokenizer_object=ours.tok, eos_token=ours.eos, bos_token=ours.eos, **common), ours
 
 
 def check_tokenizer(folder: Path, ours: Any) -> None:
@@ -109,6 +130,7 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> dic
     the export record. Bad input or a failed check: one-line ConfigError, nothing written."""
     import torch
 
+    from lm_ablate.data.tokenizers import ByteTokenizer
     from lm_ablate.eval.run import load_run
     from lm_ablate.hf.export import check_logits, to_hf
 
@@ -124,7 +146,10 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> dic
     hf_model, model_type = to_hf(run.model, run.cfg)
     tokenizer, ours = hf_tokenizer(run.cfg)
     eos = getattr(ours, "eos_id", None)
-    hf_model.config.eos_token_id = hf_model.config.bos_token_id = eos
+    hf_model.config.eos_token_id = eos
+    hf_model.config.bos_token_id = NEWLINE if isinstance(ours, ByteTokenizer) else eos
+    hf_model.generation_config.eos_token_id = eos
+    hf_model.generation_config.bos_token_id = hf_model.config.bos_token_id
     tmp = out.parent / f".{out.name}.export-{os.getpid()}"
     try:
         hf_model.save_pretrained(str(tmp), safe_serialization=True)

@@ -90,6 +90,25 @@ def test_export_loads_with_from_pretrained_and_imports_back(tmp_path, overrides)
     assert tok("héllo", add_special_tokens=False)["input_ids"] == list("héllo".encode())
 
 
+def test_the_exported_tokenizer_knows_the_context_and_a_byte_export_has_bos_and_eos(tmp_path):
+    """model_max_length is model.context (it was 1e30); a byte export's BOS and EOS are the newline byte that
+    begins every document of a byte-level run (lm-eval's hf model needs them); special-token text stays text."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    run, _ = make_run(tmp_path, "seed=0")
+    export(run, tmp_path / "hf")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert tok.model_max_length == 40
+    assert tok("x" * 100, truncation=True)["input_ids"] == [ord("x")] * 40
+    assert tok.bos_token_id == tok.eos_token_id == 10 == tok.convert_tokens_to_ids(tok.eos_token)
+    assert tok.decode([tok.eos_token_id]) == "\n"
+    text = "<|endoftext|> \u010a\n"  # a literal EOS name and the newline byte's symbol Ċ: their UTF-8 bytes
+    assert tok(text, add_special_tokens=False)["input_ids"] == list(text.encode())
+    config = AutoConfig.from_pretrained(tmp_path / "hf")
+    assert config.bos_token_id == 10 and config.eos_token_id is None  # generate() runs to max_new_tokens
+    assert GenerationConfig.from_pretrained(tmp_path / "hf").eos_token_id is None
+
+
 @pytest.mark.parametrize(
     ("overrides", "line"),
     [
