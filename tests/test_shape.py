@@ -131,9 +131,11 @@ def brute_force_ffn(T: float, L: int, r: float, target_h: int = 32) -> tuple[int
     return best[1]
 
 
-@pytest.mark.parametrize("ratio", [1, 2.5, 8, 32])
+@pytest.mark.parametrize("ratio", [1, 3, 7.5, 32])
 def test_ffn_ratio_pick_is_the_brute_forces(ratio):
-    """d_ff / d_model is the ratio to the nearest integer, and the shape is the brute force's."""
+    """d_ff / d_model is the ratio to the nearest integer, and the shape is the brute force's. At ratio 3 the width
+    nearest the target (97) has no head dim near 32, 96 has (the head rule decides); at 7.5 the width is odd
+    (7.5 x 71 = 532.5: the nearest integer, not the floor)."""
     cfg = compose(iso("shape.target_params=4e5", "shape.n_layers=4", f"shape.ffn_ratio={ratio}"))
     m = cfg.model
     h = m.head_dim or m.d_model // m.n_heads
@@ -156,13 +158,13 @@ def test_aspect_pick_is_the_depth_whose_width_at_the_target_is_closest():
 @pytest.mark.parametrize("head_dim", [8, 32, 128])
 def test_held_width_and_depth_solve_d_ff(head_dim):
     """The heads study: d_model and n_layers held, the head dim exact, d_ff solved for N: the integer whose N
-    is nearest the target (ungated: N grows by 2 d L per unit of d_ff)."""
-    T, d, L = 4e5, 128, 4
+    is nearest the target (ungated: N grows by 2 d L per unit of d_ff; here d_ff = 100.75 would meet it exactly)."""
+    T, d, L = 400384, 128, 4
     cfg = compose(iso(f"shape.target_params={T:g}", f"shape.d_model={d}", f"shape.n_layers={L}",
                       f"shape.head_dim={head_dim}"))  # fmt: skip
     assert (cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads) == (d, L, d // head_dim)
     F = cfg.activation.d_ff
-    assert abs(formula(d, L, F) - T) <= min(abs(formula(d, L, F + k) - T) for k in (-1, 1))
+    assert F == 101 and abs(formula(d, L, F) - T) <= min(abs(formula(d, L, F + k) - T) for k in (-1, 1))
 
 
 def test_attn_ratio_two_is_paid_by_d_ff():
