@@ -61,7 +61,7 @@ def provenance(device: torch.device | str) -> dict[str, Any]:
     device = torch.device(device)
     cuda = device.type == "cuda"
     return {
-        M.TORCH_VERSION: torch.__version__,
+        M.TORCH_VERSION: str(torch.__version__),  # a TorchVersion would not unpickle under weights_only
         M.CPU_CAPABILITY: torch.backends.cpu.get_cpu_capability(),
         M.CPU_MODEL: cpu_model(),
         M.THREADS: torch.get_num_threads(),
