@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -834,3 +835,54 @@ def test_a_branch_budget_below_one_step_has_its_own_message(overrides, words) ->
     assert line.startswith("ladder.budgets=") and words in line and "\n" not in line, line
     if "warmup_steps" not in " ".join(overrides):
         assert "warm-up" not in line
+
+
+def _cached_hub_dataset(cache: Path, name: str, texts: list[str], work: Path) -> None:
+    """``datasets``' cache of hub dataset ``name`` (``<cache>/<user>___<name>/default/0.0.0/<hash>/``), as a
+    download leaves it, made here from a local file by datasets' own json builder (no network)."""
+    import datasets
+
+    rows = work / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    datasets.load_dataset("json", data_files={"train": str(rows)}, cache_dir=str(work / "built"))
+    (built,) = (p.parent for p in (work / "built").rglob("dataset_info.json"))
+    target = cache / name.replace("/", "___") / "default" / "0.0.0" / built.name
+    shutil.copytree(built, target)
+    for arrow in target.glob("json-*.arrow"):
+        arrow.rename(target / arrow.name.replace("json-", f"{name.split('/')[-1]}-"))
+
+
+def test_a_hub_dataset_in_the_cache_is_read_when_the_hub_does_not_answer(tmp_path, monkeypatch) -> None:
+    """The other side of one request: a hub dataset downloaded earlier trains offline, from the datasets cache
+    (data.cache_dir/hf), with no retries; the tokens are its rows'."""
+    import logging
+
+    import datasets
+    from huggingface_hub import constants
+
+    import lm_ablate.data.hub as hub
+    from lm_ablate.config import compose
+    from lm_ablate.data import load_data
+
+    texts = [f"row {i}: to be or not to be" for i in range(20)]
+    _cached_hub_dataset(tmp_path / "cache" / "hf", "someone/tiny", texts, tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    hub._answer.cache_clear()
+    requests: list[str] = []  # huggingface_hub's retry warnings ("Retrying in 1s [Retry 1/5]")
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: requests.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("huggingface_hub").addHandler(handler)
+    try:
+        cfg = compose(
+            ["data=hf", "data.path=someone/tiny", f"data.cache_dir={tmp_path / 'cache'}", "data.val_fraction=0.1"]
+        )
+        data = load_data(cfg.data)
+    finally:
+        hub._answer.cache_clear()
+        logging.getLogger("huggingface_hub").removeHandler(handler)
+    assert [m for m in requests if "Retry" in m or "thrown while requesting" in m] == []  # read, not asked
+    assert data.meta["train_docs"] + data.meta["val_docs"] == len(texts) and data.meta["val_docs"] == 2
+    text = bytes(np.asarray(data.train, np.uint8)).decode() + bytes(np.asarray(data.val, np.uint8)).decode()
+    assert all(t in text for t in texts)

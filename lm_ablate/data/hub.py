@@ -85,8 +85,8 @@ def load_from_hub(path: str, *args: Any, cache_dir: str | None = None, **kwargs:
     try:
         with cache_only(), _quiet_requests():
             return datasets.load_dataset(path, *args, cache_dir=cache_dir, **kwargs)
-    except Exception:
+    except Exception as e:  # datasets: ConnectionError (offline) or FileNotFoundError when nothing is cached
         stream = " (data.streaming reads the hub itself)" if kwargs.get("streaming") else ""
-        raise HubUnreachable(
-            f"the Hugging Face hub cannot be reached ({why}) and it is not in the cache {where}{stream}"
-        ) from None
+        missing = isinstance(e, ConnectionError) or (isinstance(e, FileNotFoundError) and "is not cached" in str(e))
+        cached = f"it is not in the cache {where}" if missing else f"the cache {where} cannot give it [{first_line(e)}]"
+        raise HubUnreachable(f"the Hugging Face hub cannot be reached ({why}) and {cached}{stream}") from None
