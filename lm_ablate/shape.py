@@ -426,11 +426,21 @@ class Solver:
 
     def solve(self) -> Solution:
         """The first candidate within tolerance (in :meth:`order`) that the size rules accept and whose whole
-        config validates."""
+        config validates. Candidates are tried on the config itself, its sizes restored after (a copy costs
+        more than the search)."""
         found = self.candidates()
         if not found:
             raise self.no_heads()
-        work = copy.deepcopy(self.cfg)
+        keys = list(SETS)
+        before = [OmegaConf.select(self.cfg, k) for k in keys]
+        try:
+            return self._pick(found, self.cfg)
+        finally:
+            with open_dict(self.cfg):
+                for key, value in zip(keys, before):
+                    OmegaConf.update(self.cfg, key, value, merge=False)
+
+    def _pick(self, found: list[Candidate], work: DictConfig) -> Solution:
         within = sorted((c for c in found if self.error(c) <= self.req.tolerance), key=self.order)
         failed: list[ConfigError] = []  # the whole config refused a candidate the size rules accepted
         for c in within[:CANDIDATE_CHECKS]:
