@@ -74,6 +74,24 @@ def trained_run(tmp_path: Path, cache_dir: str, tokenizer: str) -> Path:
     return run
 
 
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, cache_dir):
+    """tokenizer -> (run folder, its export), each trained and exported once per module."""
+    from lm_ablate.export import export
+
+    made: dict[str, tuple[Path, Path]] = {}
+
+    def get(tokenizer: str) -> tuple[Path, Path]:
+        if tokenizer not in made:
+            tmp = tmp_path_factory.mktemp(tokenizer)
+            run = trained_run(tmp, cache_dir, tokenizer)
+            export(run, tmp / "hf")
+            made[tokenizer] = run, tmp / "hf"
+        return made[tokenizer]
+
+    return get
+
+
 def task_folder(tmp_path: Path, examples: list[Example]) -> Path:
     """A local lm-eval task over the examples: the context and the continuations exactly as the scorer gets
     them (``target_delimiter: ""``: lm-eval's request is (context, choice), and its acc_norm divides by
@@ -94,21 +112,19 @@ def task_folder(tmp_path: Path, examples: list[Example]) -> Path:
 
 
 @pytest.mark.parametrize("tokenizer", sorted(TOKENIZERS))
-def test_lm_eval_hf_on_the_export_scores_what_the_in_loop_scorer_scores(tmp_path, cache_dir, tokenizer):
+def test_lm_eval_hf_on_the_export_scores_what_the_in_loop_scorer_scores(tmp_path, exported, tokenizer):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
     from lm_ablate.eval.run import load_run, run_tokenizer
-    from lm_ablate.export import export
 
-    run = trained_run(tmp_path, cache_dir, tokenizer)
-    export(run, tmp_path / "hf")
+    run, hf = exported(tokenizer)
     examples = items()
     assert any(ex.contexts[0].endswith("\n\n") for ex in examples)
     assert any(ex.contexts[0].endswith("\n  ") for ex in examples)
     results = simple_evaluate(
         model="hf",
-        model_args={"pretrained": str(tmp_path / "hf"), "dtype": "float32"},  # nothing else: no prefix_token_id
+        model_args={"pretrained": str(hf), "dtype": "float32"},  # nothing else: no prefix_token_id
         tasks=["ablate_items"],
         task_manager=TaskManager(include_path=[str(task_folder(tmp_path, examples))], include_defaults=False),
         device="cpu",
@@ -132,7 +148,7 @@ def test_lm_eval_hf_on_the_export_scores_what_the_in_loop_scorer_scores(tmp_path
     assert means["acc,none"] == pytest.approx(np.mean([s["acc"] for s in samples]))
 
 
-def test_a_byte_export_runs_in_lm_eval_as_the_evaluate_command_does(tmp_path, cache_dir):
+def test_a_byte_export_runs_in_lm_eval_as_the_evaluate_command_does(exported):
     """BOS/EOS of a byte export: the newline byte, lm-eval's prefix for an empty context (the id
     ``lm_ablate.evaluate``'s AblateLM uses); empty-context, rolling and generation requests run."""
     from lm_eval.api.instance import Instance
@@ -141,11 +157,9 @@ def test_a_byte_export_runs_in_lm_eval_as_the_evaluate_command_does(tmp_path, ca
     from lm_ablate.data.tokenizers import ByteTokenizer
     from lm_ablate.eval.run import load_run
     from lm_ablate.evaluate import make_lm
-    from lm_ablate.export import export
 
-    run = trained_run(tmp_path, cache_dir, "byte")
-    export(run, tmp_path / "hf")
-    hf = HFLM(pretrained=str(tmp_path / "hf"), dtype="float32", device="cpu", batch_size=4)
+    run, folder = exported("byte")
+    hf = HFLM(pretrained=str(folder), dtype="float32", device="cpu", batch_size=4)
     assert hf.prefix_token_id == hf.eot_token_id == 10 and hf.max_length == CONTEXT
     ablate = make_lm(load_run(run).model, ByteTokenizer(), CONTEXT)
 
