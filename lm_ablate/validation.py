@@ -355,7 +355,7 @@ def check_shape(cfg: Any) -> None:
     if s is None:
         return  # a record written before the shape group existed
     given = {k: s[k] if isinstance(s, DictConfig) else getattr(s, k) for k in SHAPE_REQUEST}
-    given = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in given.items() if v is not None}
+    given = {k: v for k, v in given.items() if v is not None}
     if s.name not in SHAPE_OPTIONS:
         raise bad("shape.name", s.name, f"allowed: {', '.join(SHAPE_OPTIONS)}")
     if s.name == "none":

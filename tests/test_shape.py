@@ -252,13 +252,13 @@ def test_no_integer_shape_within_2_percent_names_the_nearest_which_then_solves()
         ),
         (
             ("shape.target_params=4e5", "shape.n_layers=4", "shape.ffn_ratio=0"),
-            "shape.ffn_ratio=0 is invalid: must be > 0",
+            "shape.ffn_ratio=0.0 is invalid: must be > 0",
         ),
         (
             ("shape.target_params=4e5", "shape.n_layers=4", "shape.aspect=-3"),
-            "shape.aspect=-3 is invalid: must be > 0",
+            "shape.aspect=-3.0 is invalid: must be > 0",
         ),
-        (("shape.target_params=-1", "shape.n_layers=4"), "shape.target_params=-1 is invalid: must be > 0"),
+        (("shape.target_params=-1", "shape.n_layers=4"), "shape.target_params=-1.0 is invalid: must be > 0"),
         (("shape.n_layers=4",), "shape.target_params=None is invalid: shape=iso needs"),
         (("shape.target_params=4e5",), "needs what it holds besides N: one or two of"),
         (
@@ -271,11 +271,11 @@ def test_no_integer_shape_within_2_percent_names_the_nearest_which_then_solves()
         ),
         (
             ("shape.target_params=4e5", "shape.d_model=128", "shape.n_layers=4", "shape.ffn_ratio=4"),
-            "shape.ffn_ratio=4 is invalid: shape.d_model=128, shape.n_layers=4 pin d_model and n_layers",
+            "shape.ffn_ratio=4.0 is invalid: shape.d_model=128, shape.n_layers=4 pin d_model and n_layers",
         ),
         (
             ("shape.target_params=4e5", "shape.d_model=128", "shape.n_layers=4", "shape.aspect=32"),
-            "shape.aspect=32 is invalid: shape.d_model and shape.n_layers already fix",
+            "shape.aspect=32.0 is invalid: shape.d_model and shape.n_layers already fix",
         ),
         (
             ("shape.target_params=4e5", "shape.n_layers=4", "shape.head_dim=16", "shape.n_heads=4"),
@@ -294,7 +294,7 @@ def test_bad_requests_are_one_line(overrides, expect):
 
 
 def test_shape_keys_without_shape_iso_are_refused():
-    with pytest.raises(ConfigError, match=r"^shape.ffn_ratio=4 is invalid: shape=none reads no shape keys"):
+    with pytest.raises(ConfigError, match=r"^shape.ffn_ratio=4.0 is invalid: shape=none reads no shape keys"):
         compose(["tracking=none", "shape.ffn_ratio=4"])
 
 

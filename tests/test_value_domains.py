@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lm_ablate.config import Config, ConfigError, compose, validate
 from lm_ablate.options import reading
+from lm_ablate.validation import SHAPE_REQUEST as SHAPE_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,9 +107,21 @@ BAD: dict[str, list[Any]] = {
     "eval.every": [0],
     "eval.max_examples": [0],
     "eval.batch_tokens": [0],
+    "shape.target_params": [0.0, -4e5],
+    "shape.ffn_ratio": [0.0, -1.0],
+    "shape.aspect": [0.0],
+    "shape.attn_ratio": [0.0, -2.0],
+    "shape.head_dim": [0],
+    "shape.n_heads": [0],
+    "shape.head_dim_target": [0],
+    "shape.d_model": [0],
+    "shape.n_layers": [0],
+    "shape.d_ff_multiple": [0],
+    "shape.tolerance": [0.0, 1.0],
 }
 # other keys a case needs so that its own check is reached
 LADDER = {"ladder.rungs": [{"d_model": 16, "n_layers": 1, "n_heads": 2}] * 3}  # with ladder=cpu (base_for)
+SHAPE_ISO = {"shape.name": "iso", "shape.target_params": 4e5}
 WITH: dict[str, dict[str, Any]] = {
     "attention.global_every": {"attention.window": 8},
     "ladder.rung": LADDER,
@@ -116,6 +129,9 @@ WITH: dict[str, dict[str, Any]] = {
     "ladder.budget": LADDER | {"ladder.budgets": [1.0, 2.0]},
     "model.mup_output_mult": {"model.mup_base_width": 32},
     "model.mup_attn_mult": {"model.mup_base_width": 32},
+    # shape=iso reads the shape keys (lm_ablate/shape.py); validation checks their domains, the solver the rest
+    **{f"shape.{k}": SHAPE_ISO for k in SHAPE_KEYS if k != "target_params"},
+    "shape.target_params": {"shape.name": "iso", "shape.n_layers": 4},
 }
 
 # numeric keys whose domain depends on the data source or tokenizer, so lm_ablate/data.py checks them where the
