@@ -200,6 +200,20 @@ def test_the_switch_changes_the_model_at_equal_n():
     assert (plain.model.d_model, plain.model.n_layers, plain.activation.d_ff) == (128, 4, None)
 
 
+def test_option_files_are_the_codes():
+    """conf/shape/: one file per option the validation allows; iso.yaml writes out every key, with the values
+    the solver takes for null (lm_ablate.shape.DEFAULTS)."""
+    import yaml
+
+    from lm_ablate.shape import DEFAULTS
+    from lm_ablate.validation import SHAPE_OPTIONS, SHAPE_REQUEST
+
+    files = {f.stem: yaml.safe_load(f.read_text()) for f in (ROOT / "conf" / "shape").glob("*.yaml")}
+    assert sorted(files) == sorted(SHAPE_OPTIONS) and all(v["name"] == k for k, v in files.items())
+    assert set(files["iso"]) == {"name", *SHAPE_REQUEST}
+    assert {k: files["iso"][k] for k in DEFAULTS} == DEFAULTS
+
+
 def test_applying_again_changes_nothing_and_leaves_the_random_state():
     cfg = compose(iso("shape.target_params=3e5", "shape.aspect=20", "model=tiny"))
     before = dict(cfg.model), cfg.activation.d_ff
