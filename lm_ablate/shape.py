@@ -562,10 +562,9 @@ def apply_shape(cfg: DictConfig, explicit: Iterable[str] = (), vocab: int | None
             raise bad("shape.head_dim_target", shape.head_dim_target, f"{held} holds the heads exactly: leave it out")
         with open_dict(cfg):
             cfg.shape.head_dim_target = None
-    solution = solve(cfg, vocab)
-    s = solution
+    s = solve(cfg, vocab)
     write(cfg, s.d_model, s.n_layers, s.n_heads, s.head_dim, s.d_ff, s.d_ff_default)
-    return solution
+    return s
 
 
 __all__ = ["Counter", "Request", "Solution", "apply_shape", "solve"]
