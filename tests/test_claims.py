@@ -633,18 +633,26 @@ def test_report_leads_with_claims_and_findings_and_writes_the_verdicts(grid, tmp
     md = (tmp_path / "report.md").read_text()
     headings = [line for line in md.splitlines() if line.startswith("## ")]
     assert headings[:2] == ["## Claims", "## Summary"]
+    # the answer first (issue 46.11): one row per claim, its verdict in the first column
+    answer = md.split("## Claims", 1)[1].split("**How a verdict is decided", 1)[0]
+    rows = [line for line in answer.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| verdict | effect [95% CI] | claim |" and len(rows) == 1 + 3  # post_worse, _loss_worse, _slower
+    assert rows[1].startswith(
+        "| mixed (held in 1, inconclusive in 1 of 2 contexts) | model.n_layers=2, optim.lr=0.01: post − pre = "
+        "+0.0267 [-0.1387, +0.1921] (inconclusive); model.n_layers=4, optim.lr=0.01: post − pre = +0.7500 "
+        "[+0.6258, +0.8742] (held; 3 of 3 seeds of post stalled (data of this metric)) | post_worse: Post-LN is "
+        "worse (Xiong et al. 2020)."
+    )  # capped loss is about failing to train: the stalled seeds are its data
+    assert (
+        "model.n_layers=4, optim.lr=0.01: post − pre = +0.7500 [+0.6258, +0.8742] (3 of 3 seeds of post stalled) | "
+        "post_loss_worse"
+        in rows[2]
+        and rows[2].startswith("| inconclusive in all 2 contexts |")
+    )  # the same runs on final val loss: stalled seeds are no data points of an effect
     summary = md.split("## Summary", 1)[1]
     assert summary.lstrip().startswith("### Findings")
     findings = summary.split("### Findings", 1)[1].split("### Runs", 1)[0]
-    assert (
-        "Mixed (held in 1, inconclusive in 1 of 2 contexts): Post-LN is worse (Xiong et al. 2020); final val "
-        "loss capped at ln V (diverged = ln V), post − pre: +0.0267 [-0.1387, +0.1921] at model.n_layers=2, "
-        "optim.lr=0.01 (inconclusive); +0.7500 [+0.6258, +0.8742] at model.n_layers=4, optim.lr=0.01 (held)."
-    ) in findings  # capped loss is about failing to train: the stalled seeds are its data
-    assert (
-        "+0.7500 [+0.6258, +0.8742] at model.n_layers=4, optim.lr=0.01 (inconclusive: 3 of 3 seeds of post "
-        "stalled)." in findings
-    )  # the same runs on final val loss: stalled seeds are no data points of an effect
+    assert "Post-LN" not in findings  # the claims table holds the claims; the Findings the largest effects
     assert "Largest effect" not in findings  # the only interval excluding 0 has stalled seeds: not an effect
     assert "Warning: tokens/s varies by more than 1.5x between the runs of 4 arm(s)" in summary
     claims = pd.read_csv(tmp_path / "claims.csv")

@@ -46,12 +46,6 @@ CLAIMS = [
      "axis": "norm.placement", "arm": "post", "baseline": "pre", "metric": "downstream", "task": TASK,
      "kind": "acc", "expect": "lower"},
 ]  # fmt: skip
-HEADERS = (
-    f"{TASK} acc (mean ± 95% CI)",
-    f"Δ {TASK} acc [95% CI]",
-    f"{TASK} bpb (mean ± 95% CI)",
-    f"Δ {TASK} bpb [95% CI]",
-)
 
 
 def downstream_claim(**kw: object) -> object:
@@ -195,6 +189,32 @@ def test_a_downstream_claim_takes_each_side_at_its_best_lr_and_stalls_make_it_in
     assert (stalled.verdict, stalled.why, stalled.arm_stalled) == (INCONCLUSIVE, WHY_STALLED, (1, 3))
 
 
+def test_a_claim_that_counts_failures_says_why_its_stalled_seeds_are_data():
+    """Issue 46.14: a downstream claim with counts_failures held on stalled seeds ("held (3 of 3 seeds of post
+    stalled)") beside rules that named only capped val loss and LR sensitivity. The rules now list, from the claim
+    spec, every metric whose stalled runs are data and the claims of this study that count them, and the row says
+    which made the stalled seeds data."""
+    from analysis.present.sections.claims import answer_table, claims_blocks, reason_text, stall_rule
+    from lm_ablate.claim_spec import METRICS
+
+    stalled = {M.STALLED: True, M.STALL_REASON: "unigram"}
+    specs = [(("pre",), s, {M.FINAL_VAL_LOSS: 2.5 + 0.01 * s, ACC: 0.70 + 0.02 * s}) for s in range(3)]
+    specs += [(("post",), s, {M.FINAL_VAL_LOSS: 3.30, ACC: 0.25 + 0.01 * s, **stalled}) for s in range(3)]
+    counts = downstream_claim(expect="lower", counts_failures=True)
+    plain = claim(id="acc_plain", metric="downstream", task=TASK, kind="acc", expect="lower")
+    claims = evaluate_claims(runset(specs), [counts, plain])
+    held, withheld = claims.results
+    assert (held.verdict, withheld.verdict) == (HELD, INCONCLUSIVE) and held.arm_stalled == (3, 3)
+    assert reason_text(held) == "3 of 3 seeds of post stalled (data: the claim counts failures)"
+    rule = stall_rule(claims)
+    for name, spec in METRICS.items():  # every metric the spec says counts stalled runs, and no other
+        assert (f"{name}," in rule or f"{name})" in rule) == (spec.failures or spec.at_init), name
+    assert rule.endswith(f"; here {counts.id} ({ACC}).")  # the claim that counts them here; the plain one is not
+    md = render_markdown(claims_blocks(claims))
+    assert rule in md and "counts_failures: true" in md
+    assert [row[0] for row in answer_table(claims).rows] == ["held", "inconclusive"]
+
+
 @pytest.mark.parametrize(
     "change, line",
     [
@@ -230,42 +250,49 @@ def test_a_sweep_that_does_not_evaluate_the_task_is_refused():
 
 
 # --- the report ------------------------------------------------------------------------------------------
-def _table_header(md: str) -> list[str]:
-    line = next(row for row in md.splitlines() if row.startswith("| context | arm |"))
+def _table_header(md: str, start: str = "| context | arm |") -> list[str]:
+    line = next(row for row in md.splitlines() if row.startswith(start))
     return [cell.strip() for cell in line.strip("|").split("|")]
 
 
-def _table_rows(md: str) -> dict[str, dict[str, str]]:
-    """The first comparison table of report.md: arm (as written) -> {header: cell}."""
+def _table_rows(md: str, start: str = "| context | arm |", key: tuple[str, ...] = ("arm",)) -> dict:
+    """The first table of report.md whose header starts with ``start``: the cells of ``key`` -> {header: cell}."""
     lines = md.splitlines()
-    at = next(i for i, row in enumerate(lines) if row.startswith("| context | arm |"))
-    header = _table_header(md)
+    at = next(i for i, row in enumerate(lines) if row.startswith(start))
+    header = _table_header(md, start)
     rows = {}
     for line in lines[at + 2 :]:
         if not line.startswith("|"):
             break
         cells = dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
-        rows[cells["arm"]] = cells
+        rows[cells[key[0]] if len(key) == 1 else tuple(cells[k] for k in key)] = cells
     return rows
 
 
+SCORES_TABLE = "| context | arm | score |"
+
+
 def test_the_report_shows_the_scores_beside_final_val_loss(reports):
+    """The scores are a table of their own below the comparison's, a row per (arm, score) (issue 46.11: a column
+    pair per score ran the comparison table off the page)."""
     md = (reports[True] / "report.md").read_text()
-    header = _table_header(md)
-    at = header.index("test") + 1
-    assert tuple(header[at : at + 4]) == HEADERS  # after final val loss's Δ, p and test
-    assert f"{TASK} acc_norm" not in header  # equal to acc in every row: left out, and said so
+    assert _table_header(md) == ["context", "arm", "runs", "final val loss (mean ± 95% CI)", "Δ vs baseline [95% CI]",
+                                 "p", "test"]  # fmt: skip
+    assert _table_header(md, SCORES_TABLE) == ["context", "arm", "score", "mean ± 95% CI", "Δ vs baseline [95% CI]"]
+    rows = _table_rows(md, SCORES_TABLE, key=("arm", "score"))
+    assert {score for _, score in rows} == {f"{TASK} acc", f"{TASK} bpb"}  # acc_norm equal to acc: left out, said
     assert f"Not shown, equal to acc in every row (comparisons.csv has them): {TASK} acc_norm." in md
-    rows = _table_rows(md)
+    assert md.index("| context | arm | runs |") < md.index(SCORES_TABLE)
     for key, label in ((ACC, "acc"), (BPB, "bpb")):
         d = np.subtract(SCORES["post"][key], SCORES["pre"][key])
         ci = st.ttest_rel(SCORES["post"][key], SCORES["pre"][key]).confidence_interval(0.95)
-        assert rows["post"][f"Δ {TASK} {label} [95% CI]"] == f"{d.mean():+.4f} [{ci.low:+.4f}, {ci.high:+.4f}]"
-        assert rows["pre (baseline)"][f"Δ {TASK} {label} [95% CI]"] == "baseline"
+        assert rows[("post", f"{TASK} {label}")]["Δ vs baseline [95% CI]"] == (
+            f"{d.mean():+.4f} [{ci.low:+.4f}, {ci.high:+.4f}]"
+        )
+        assert rows[("pre (baseline)", f"{TASK} {label}")]["Δ vs baseline [95% CI]"] == "baseline"
         half = st.t.ppf(0.975, 2) * st.sem(SCORES["pre"][key])
-        assert (
-            rows["pre (baseline)"][f"{TASK} {label} (mean ± 95% CI)"]
-            == f"{np.mean(SCORES['pre'][key]):.4f} ± {half:.4f}"
+        assert rows[("pre (baseline)", f"{TASK} {label}")]["mean ± 95% CI"] == (
+            f"{np.mean(SCORES['pre'][key]):.4f} ± {half:.4f}"
         )
     comparisons = pd.read_csv(reports[True] / "comparisons.csv", keep_default_na=False)
     for key in (ACC, NORM, BPB):
@@ -285,7 +312,7 @@ def test_the_report_shows_the_scores_beside_final_val_loss(reports):
 
 def test_a_run_set_without_scores_has_none_of_the_columns(reports):
     md = (reports[False] / "report.md").read_text()
-    assert "Downstream scores" not in md and not any("acc" in h or "bpb" in h for h in _table_header(md))
+    assert "Downstream scores" not in md and SCORES_TABLE not in md
     for table in ("comparisons.csv", "runs.csv"):
         columns = pd.read_csv(reports[False] / table).columns
         assert not [c for c in columns if "downstream/" in c], table
@@ -310,10 +337,10 @@ def test_training_with_eval_quick_then_the_report_shows_the_scores(tmp_path, cac
 
     assert report_main([str(runs), "--out", str(tmp_path / "report"), "--workers", "1"]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
-    header = _table_header(md)
-    assert set(HEADERS) <= set(header)
-    post = _table_rows(md)["post"]
-    assert all(post[h] not in ("", "–") for h in HEADERS), post
+    rows = _table_rows(md, SCORES_TABLE, key=("arm", "score"))
+    for score in (f"{TASK} acc", f"{TASK} bpb"):
+        post = rows[("post", score)]
+        assert post["mean ± 95% CI"] not in ("", "–") and post["Δ vs baseline [95% CI]"] not in ("", "–"), post
     rows = pd.read_csv(tmp_path / "report" / "comparisons.csv")
     assert (rows[f"{ACC}_n"] == 2).all() and rows[f"{ACC}_mean"].between(0, 1).all()
     assert (rows[f"{BPB}_mean"] > 0).all()

@@ -622,3 +622,53 @@ def test_a_tuned_key_is_picked_per_cell_with_the_lr_not_compared(tmp_path):
     assert [(r.setting, r.lr) for a in again.arms for r in a.rungs] == [
         (r.setting, r.lr) for a in st.arms for r in a.rungs
     ]
+
+
+# --- issue 46.13: the rules of the held-out check agree, rungs are rungs, an estimate outside its interval ------
+@pytest.mark.slow
+def test_three_rungs_with_budgets_are_held_out_checked_by_the_forms_rule_and_counted_as_rungs(tmp_path):
+    """3 rungs x 3 budgets: without the largest rung 6 cells are left for 3 parameters, so each arm's own fit is
+    checked (it said "no held-out check (needs 4 rungs)" beside a forms table with held-out errors), and predicts
+    the cell it holds out as the per_arm form does (the same law, fitted by analysis/compute/scaling_forms.py). The fit table's "rungs" is 3,
+    not 9 cells. With one budget, 2 cells are left: no check in either, and the warning says why."""
+    from test_scaling_forms import write_nd_ladder
+
+    from analysis.present.document import Table
+
+    st = study_of(write_nd_ladder(tmp_path / "b3", budgets=(0.5, 1.0, 2.0), rungs=3), n_boot=20)
+    per_arm = st.forms["per_arm"]
+    for k, a in enumerate(st.arms):
+        assert a.held_out is not None and a.held_out.rung == 2
+        (cell,) = [c for c in per_arm.held_out if c.arm == k and c.budget == 2.0]  # the cell it predicts
+        assert (a.held_out.observed, a.held_out.predicted) == pytest.approx((cell.observed, cell.predicted), rel=1e-4)
+    assert not [w for w in st.warnings if w.code == S.W_HELD_OUT_SKIPPED]
+    blocks = scaling_blocks(st)
+    fit_table = next(b for b in blocks if isinstance(b, Table) and b.headers[:2] == ["arm", "rungs"])
+    assert [row[1] for row in fit_table.rows] == ["3", "3"]
+    one = study_of(write_ladder(tmp_path / "b1", sigma=0.005, rungs=3), n_boot=20)
+    assert all(a.held_out is None for a in one.arms) and np.isnan(one.forms["per_arm"].held_out_error(0))
+    skipped = [w for w in one.warnings if w.code == S.W_HELD_OUT_SKIPPED]
+    assert [w.value for w in skipped] == [2, 2]
+    assert "without the largest rung it keeps 2 (rung, budget) cell(s), fewer than its 3 parameters" in (
+        render_markdown(scaling_blocks(one))
+    )
+
+
+def test_an_estimate_outside_its_own_interval_is_flagged(noisy):
+    """A percentile bootstrap interval need not contain the point fit ("0.5755 [0.2705, 0.5738]"): the report
+    marks such a number and says what it means, and leaves every number inside its interval unmarked."""
+    import copy
+
+    from analysis.present.format import OUTSIDE_MARK, with_interval
+
+    assert with_interval(0.5755, 0.2705, 0.5738) == f"0.5755 [0.2705, 0.5738] {OUTSIDE_MARK}"
+    assert with_interval(0.5700, 0.2705, 0.5738) == "0.5700 [0.2705, 0.5738]"
+    assert with_interval(0.5738, 0.2705, 0.5738) == "0.5738 [0.2705, 0.5738]"  # an end is inside
+    clean = render_markdown(scaling_blocks(noisy))
+    assert OUTSIDE_MARK not in clean
+    st = copy.deepcopy(noisy)
+    a = st.arms[1]
+    a.intervals["E"] = (a.fit.E - 0.3, a.fit.E - 0.002)
+    text = render_markdown(scaling_blocks(st))
+    assert f"{a.fit.E:.4f} [{a.fit.E - 0.3:.4f}, {a.fit.E - 0.002:.4f}] {OUTSIDE_MARK}" in text
+    assert text.count(OUTSIDE_MARK) == 2  # the number, and the note that explains the mark

@@ -125,7 +125,7 @@ HUBER_DELTA = 1e-3  # Hoffmann et al. 2022, appendix D.2
 CONFIDENCE = 0.95
 N_BOOT = 1000
 MIN_RUNGS_TO_FIT = 3  # three parameters
-MIN_RUNGS = 4  # fewer: a warning (and no held-out check, which needs three rungs left)
+MIN_RUNGS = 4  # fewer: a warning (and with one budget per rung no held-out check: it needs three cells left)
 HELD_OUT_GOAL = 0.02  # relative error the shipped CPU ladders aim for (issue 13)
 EXTRAPOLATE = (10.0, 100.0)  # multipliers are reported at these multiples of the largest rung's compute
 MAX_ITER = 500
@@ -152,7 +152,7 @@ W_SINGLE_SEED = "single_seed"  # arm, rungs: rungs with one fitted run, which th
 W_AT_BOUND = "at_bound"  # arm, param: the fit sits on a bound of that parameter
 W_BOOT_FAILED = "bootstrap_failed"  # arm, value = fraction of resamples whose fit failed
 W_LR_AT_EDGE = "lr_at_edge"  # arm, rung, value = the chosen LR, at an end of that cell's grid; param = budget
-W_HELD_OUT_SKIPPED = "held_out_skipped"  # arm, value = rungs (held-out needs MIN_RUNGS)
+W_HELD_OUT_SKIPPED = "held_out_skipped"  # arm, value = (rung, budget) cells left without the largest rung
 W_HELD_OUT_ABOVE_GOAL = "held_out_above_goal"  # arm, value = relative error (> HELD_OUT_GOAL)
 W_NO_BASELINE_FIT = "no_baseline_fit"  # arm = the baseline: no compute multipliers
 W_CM_INFINITE = "cm_infinite"  # arm, value = compute: L_X(C) ≤ E_base (point estimate): CM = +inf
@@ -1053,12 +1053,12 @@ def _fit_arm(arm: ArmFit, draws: dict[int, np.ndarray], delta: float, confidence
         warnings.append(ScalingWarning(W_BOOT_FAILED, arm.arm, value=failed))
     cols = {"E": boot[:, 0], "A": np.exp(np.minimum(boot[:, 1], 700)), "alpha": boot[:, 2]}
     arm.intervals = {p: _interval(cols[p], confidence) for p in PARAMS}
-    if n_rungs < MIN_RUNGS:
-        warnings.append(ScalingWarning(W_HELD_OUT_SKIPPED, arm.arm, value=n_rungs))
-        return
     last = max(r.rung for r in rungs)  # the largest rung, all its budgets, left out; checked at its largest compute
     top = max((r for r in rungs if r.rung == last), key=lambda r: r.compute)
     rest = [r for r in rungs if r.rung != last]
+    if len(rest) < MIN_RUNGS_TO_FIT:  # the per_arm form's rule (scaling_forms.held_out): a cell per parameter left
+        warnings.append(ScalingWarning(W_HELD_OUT_SKIPPED, arm.arm, value=len(rest)))
+        return
     raw_h, _, _ = _fit_points(_Points.of(rest), np.ones((1, sum(len(r.losses) for r in rest))), delta)
     held = PowerLaw(*map(float, raw_h[0]))
     arm.held_out = HeldOut(top.rung, top.compute, top.mean_loss, float(held.loss(top.compute)), held,

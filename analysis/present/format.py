@@ -83,10 +83,22 @@ def fixed(x: Any, digits: int = 4) -> str:
     return "∞" if math.isinf(x) else f"{x:.{digits}f}"
 
 
+OUTSIDE_MARK = "⚠ outside"  # a point estimate outside its own interval (a percentile bootstrap can do that)
+
+
+def outside(value: Any, low: Any, high: Any) -> bool:
+    """A number outside [low, high] (False when any of the three is missing)."""
+    return number(value) and number(low) and number(high) and not low <= value <= high
+
+
 def with_interval(value: Any, low: Any, high: Any, fmt: Any = fixed) -> str:
+    """``value [low, high]``; flagged with OUTSIDE_MARK when the value lies outside its interval, which a percentile
+    bootstrap interval can do (the Scaling section says what it means)."""
     if not number(value):
         return "–"
-    return f"{fmt(value)} [{fmt(low)}, {fmt(high)}]" if number(low) and number(high) else fmt(value)
+    if not (number(low) and number(high)):
+        return fmt(value)
+    return f"{fmt(value)} [{fmt(low)}, {fmt(high)}]" + (f" {OUTSIDE_MARK}" if outside(value, low, high) else "")
 
 
 def pct(x: Any) -> str:

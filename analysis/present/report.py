@@ -69,8 +69,9 @@ def build_blocks(
     scaling: ScalingStudy | None = None,
     claims: ClaimSet | None = None,
 ) -> list[Block]:
-    """The report as blocks: the study's claims and their verdicts first (when it declares any: one row per claim,
-    the rules folded), then the summary opening with the Findings (the largest effects), the sections, and the run listings. Figures are drawn first, in
+    """The report as blocks: the study's claims and their verdicts first (when it declares any: one row per
+    claim, the rules folded), then the summary opening with the Findings (the largest effects; each claim's
+    sentence too when there is no claims table), the sections, and the run listings. Figures are drawn first, in
     ``workers`` forked processes. A big sweep (more than FIGURE_BUDGET figures at ``max_pages``) gets one page
     per figure kind: each figure costs ~0.5 s to draw, and the tables hold every context anyway."""
     if max_pages and max_pages > 1:

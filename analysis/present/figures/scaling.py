@@ -82,6 +82,7 @@ def loss_compute_figure(study: ScalingStudy) -> PlotFigure | None:
     fig = _figure(labels, len(extra))
     ax = fig.add_subplot()
     ys: list[float] = []
+    held_any = False
     for i, arm in enumerate(arms):
         color, marker = color_of[arm.arm], MARKERS[i % len(MARKERS)]
         c = np.concatenate([r.computes for r in arm.rungs])
@@ -104,6 +105,7 @@ def loss_compute_figure(study: ScalingStudy) -> PlotFigure | None:
         )  # fmt: skip
         for c, pred in held:
             ax.plot(c, pred, marker="D", ms=7, mfc="none", mec=color, mew=1.3, ls="", zorder=4)
+        held_any = held_any or bool(held)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_ylim(min(ys) / 1.02, max(ys) * 1.02)
@@ -118,8 +120,12 @@ def loss_compute_figure(study: ScalingStudy) -> PlotFigure | None:
         "Small dots: every fitted run; large markers: the mean over seeds at each rung"
         + (" and budget" if len(study.budgets) > 1 else "")
         + f"; solid: {what} over the arm's rungs; dashed: the same beyond the largest rung, up to "
-        f"{max(EXTRAPOLATE):g}× its compute; open diamonds: the losses predicted for the largest rung by a fit "
-        "without it." + _drawn(study)
+        f"{max(EXTRAPOLATE):g}× its compute; open diamonds: the losses predicted for the largest rung by "
+        + (f"the {study.chosen} fit" if joint else "each arm's own fit")
+        + " without it (its held-out check"
+        + ("" if held_any else "; none here: too few cells are left without the largest rung")
+        + ")."
+        + _drawn(study)
     )
     return PlotFigure("scaling_loss-vs-compute", title, caption, png_bytes(fig))
 

@@ -317,19 +317,28 @@ def stall_rule(claims: ClaimSet) -> str:
     return text + "."
 
 
-def _context_effect(result: ClaimResult, several: bool, differ: bool) -> str:
-    """One context's part of the answer: ``ctx: post − pre = +0.41 [+0.30, +0.52] (held: note)``."""
+def _context_effect(result: ClaimResult, several: bool, differ: bool, note: str) -> str:
+    """One context's part of the answer: ``ctx: post − pre = +0.41 [+0.30, +0.52] (held; note)``."""
     c, e = result.claim, result.effect
     where = f"{result.context}: " if several else ""
-    note = reason_text(result)
     if e is None:
         return f"{where}not tested ({note or VERDICT_TEXT[result.verdict]})"
     text = f"{where}{comparison_text(c)} = {effect_text(e, c)}"
     if c.expect == EQUAL and interval_text(e.low90, e.high90, c):
         text += f", 90% CI {interval_text(e.low90, e.high90, c)}"
-    said = [VERDICT_TEXT[result.verdict]] if differ else []
-    said += [note] if note else []
-    return text + (f" ({': '.join(said)})" if said else "")
+    said = ([VERDICT_TEXT[result.verdict]] if differ else []) + ([note] if note else [])
+    return text + (f" ({'; '.join(said)})" if said else "")
+
+
+def effect_cell(claims: ClaimSet, claim: Claim) -> str:
+    """Each context's effect with its 95% interval, its verdict where the contexts differ and its reason or notes;
+    a note every tested context shares is said once, at the end."""
+    results = claims.of(claim.id)
+    several, differ = len(results) > 1, len({r.verdict for r in results}) > 1
+    notes = [reason_text(r) for r in results]
+    shared = notes[0] if several and notes[0] and len(set(notes)) == 1 and all(r.effect for r in results) else ""
+    parts = [_context_effect(r, several, differ, "" if shared else n) for r, n in zip(results, notes)]
+    return "; ".join(parts) + (f" (in every context: {shared})" if shared else "") if parts else "–"
 
 
 def verdict_cell(claims: ClaimSet, claim: Claim) -> str:
@@ -351,12 +360,8 @@ def answer_table(claims: ClaimSet) -> Table:
     each context, then what it claims."""
     rows = []
     for c in claims.claims:
-        results = claims.of(c.id)
-        several = len(results) > 1
-        differ = len({r.verdict for r in results}) > 1
-        effect = "; ".join(_context_effect(r, several, differ) for r in results) or "–"
         claim = f"{c.id}: {c.statement.rstrip('.')} ({source_short(c)}). Expected: {expectation_text(c)}."
-        rows.append([verdict_cell(claims, c), effect, claim])
+        rows.append([verdict_cell(claims, c), effect_cell(claims, c), claim])
     return Table(["verdict", "effect [95% CI]", "claim"], rows)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.compute.compare import ALL_RUNS, REFUSED, TEST_PAIRED, TEST_WELCH, Comparison, key_label
-from analysis.present.document import Block, Fig, Heading, Para, Table
+from analysis.present.document import Block, Details, Fig, Heading, Para, Table
 from analysis.present.format import STALL_WORDS, count, delta_text, finite, mean_pm, p_text, rate_text, ratio_text
 from analysis.present.style import PlotFigure
 from analysis.sources.load import DOWNSTREAM_KEY
@@ -87,44 +87,66 @@ def score_delta_text(row: pd.Series, score: str) -> str:
     return text
 
 
+def runs_text(r: pd.Series) -> str:
+    """``3 completed`` or ``3: 2 completed (1 stalled), 1 diverged``: an arm's runs in one cell."""
+    done = f"{r['n_completed']} completed" + (f" ({r['n_stalled']} stalled)" if r["n_stalled"] else "")
+    rest = [f"{r['n_diverged']} diverged"] * bool(r["n_diverged"]) + [f"{r['n_other']} other"] * bool(r["n_other"])
+    return f"{r['n_runs']}: " + ", ".join([done, *rest]) if rest else done
+
+
+def _arm_text(r: pd.Series) -> str:
+    return r["arm"] + (" (baseline)" if r["is_baseline"] else "")
+
+
 def _comparison_table(comp: Comparison) -> Table:
-    scores, _ = shown_scores(comp)
-    extra = [h for s in scores for h in (f"{score_label(s)} (mean ± 95% CI)", f"Δ {score_label(s)} [95% CI]")]
-    headers = [
-        "context", "arm", "runs", "completed", "diverged", "stalled", "other", "final val loss (mean ± 95% CI)",
-        "Δ vs baseline [95% CI]", "p", "test", *extra, "best val loss", "grad-norm spikes", "loss spikes",
-        "spikes / 1k steps (grad norm, loss)", "divergence rate", "tokens/s", "tokens/s ratio",
-        "params (total / non-emb.)",
-    ]  # fmt: skip
+    """The comparison's main table, narrow enough for the page: per arm and context its runs, final val loss and Δ
+    with its p and test. Downstream scores are in :func:`_scores_table`, spikes, speed and sizes in
+    :func:`_dynamics_table`; comparisons.csv has every column."""
+    headers = ["context", "arm", "runs", "final val loss (mean ± 95% CI)", "Δ vs baseline [95% CI]", "p", "test"]
     rows = []
     for _, r in comp.table.iterrows():
-        shown = [text for s in scores for text in (_pm(r, s), score_delta_text(r, s))]
-        rows.append(
-            [
-                r["context"],
-                r["arm"] + (" (baseline)" if r["is_baseline"] else ""),
-                str(r["n_runs"]),
-                str(r["n_completed"]),
-                str(r["n_diverged"]),
-                str(r["n_stalled"]),
-                str(r["n_other"]),
-                _pm(r, M.FINAL_VAL_LOSS) + (f"; seeds {seed_values(r['seed_finals'])}" if r["n_stalled"] else ""),
-                delta_text(r),
-                "" if r["is_baseline"] else p_text(r["p_value"]),
-                test_text(r),
-                *shown,
-                _pm(r, M.BEST_VAL_LOSS),
-                _pm(r, M.GRAD_NORM_SPIKES, digits=1),
-                _pm(r, M.LOSS_SPIKES, digits=1),
-                ", ".join(rate_text(r[f"{k}_spikes_per_1k_steps"]) for k in ("grad_norm", "loss")),
-                f"{r['n_diverged']}/{r['n_runs']}" if r["n_runs"] else "–",
-                _pm(r, M.MEAN_TOKENS_PER_SEC, digits=0, comma=True),
-                "" if r["is_baseline"] else ratio_text(r["tokens_per_sec_ratio"]),
-                f"{count(r[M.PARAMS_TOTAL])} / {count(r[M.PARAMS_NON_EMBEDDING])}",
-            ]
-        )
-    left = {headers.index("final val loss (mean ± 95% CI)"), headers.index("test")}
-    return Table(headers, rows, frozenset(range(2, len(headers))) - left)
+        final = _pm(r, M.FINAL_VAL_LOSS) + (f"; seeds {seed_values(r['seed_finals'])}" if r["n_stalled"] else "")
+        p = "" if r["is_baseline"] else p_text(r["p_value"])
+        rows.append([r["context"], _arm_text(r), runs_text(r), final, delta_text(r), p, test_text(r)])
+    return Table(headers, rows, frozenset({headers.index("Δ vs baseline [95% CI]"), headers.index("p")}))
+
+
+def _scores_table(comp: Comparison) -> Table | None:
+    """Each downstream score of each arm, one row per (context, arm, score): as many scores as the eval group has
+    tasks and kinds make rows, not columns. None without scores."""
+    scores, _ = shown_scores(comp)
+    if not scores:
+        return None
+    headers = ["context", "arm", "score", "mean ± 95% CI", "Δ vs baseline [95% CI]"]
+    rows = [[r["context"], _arm_text(r), score_label(s), _pm(r, s), score_delta_text(r, s)]
+            for _, r in comp.table.iterrows() for s in scores]  # fmt: skip
+    return Table(headers, rows, frozenset({3, 4}))
+
+
+DYNAMICS = "Training dynamics, speed and size per arm"
+
+
+def _dynamics_table(comp: Comparison) -> Table:
+    """The comparison's second table: best val loss, spikes, divergence, speed and parameter counts per arm."""
+    headers = ["context", "arm", "best val loss", "grad-norm spikes", "loss spikes",
+               "spikes / 1k steps (grad norm, loss)", "divergence rate", "tokens/s", "tokens/s ratio",
+               "params (total / non-emb.)"]  # fmt: skip
+    rows = [
+        [
+            r["context"],
+            _arm_text(r),
+            _pm(r, M.BEST_VAL_LOSS),
+            _pm(r, M.GRAD_NORM_SPIKES, digits=1),
+            _pm(r, M.LOSS_SPIKES, digits=1),
+            ", ".join(rate_text(r[f"{k}_spikes_per_1k_steps"]) for k in ("grad_norm", "loss")),
+            f"{r['n_diverged']}/{r['n_runs']}" if r["n_runs"] else "–",
+            _pm(r, M.MEAN_TOKENS_PER_SEC, digits=0, comma=True),
+            "" if r["is_baseline"] else ratio_text(r["tokens_per_sec_ratio"]),
+            f"{count(r[M.PARAMS_TOTAL])} / {count(r[M.PARAMS_NON_EMBEDDING])}",
+        ]
+        for _, r in comp.table.iterrows()
+    ]
+    return Table(headers, rows, frozenset(range(2, len(headers))))
 
 
 def comparison_blocks(comp: Comparison, index: int, figures: list[PlotFigure]) -> list[Block]:
@@ -148,13 +170,16 @@ def comparison_blocks(comp: Comparison, index: int, figures: list[PlotFigure]) -
     if REFUSED in comp.table:  # the arms differ in tokenizer: no Δ of per-token loss (compute/compare.py)
         text += f" Δ final val loss: refused, {comp.table[REFUSED].iloc[0]}."
     out += [Para(text), _comparison_table(comp)]
+    scores = _scores_table(comp)
+    out += [scores] if scores is not None else []
+    out.append(Details(DYNAMICS, [_dynamics_table(comp)]))
     for fig in figures:
         out.append(Fig(fig, f"fig{index:02d}_{fig.name}.png"))
     return out
 
 
 def scores_text(comp: Comparison) -> str:
-    """What the downstream columns hold, when the table has any ("" otherwise: the paragraph is as before)."""
+    """What the scores table holds, when there is one ("" otherwise: the paragraph is as before)."""
     shown, same = shown_scores(comp)
     text = ""
     if M.FINAL_VAL_BPB in shown:
@@ -166,7 +191,8 @@ def scores_text(comp: Comparison) -> str:
     if not shown:
         return text
     text += (
-        " Downstream scores (the eval group, docs/evaluation.md): each completed run's last evaluation, mean ± "
+        " Downstream scores (the second table, a row per arm and score; the eval group, docs/evaluation.md): each "
+        "completed run's last evaluation, mean ± "
         "95% CI over seeds, and Δ arm − baseline with its 95% interval by the test final val loss uses (paired by "
         "seed where both arms have two seeds with the score, else Welch); acc and acc_norm are fractions right "
         "(higher is better), bpb bits per byte of the right answer (lower is better)."

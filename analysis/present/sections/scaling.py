@@ -41,7 +41,7 @@ from analysis.compute.scaling import (
 )
 from analysis.present.document import Block, Bullets, Details, Fig, Heading, Para, Table
 from analysis.present.figures.scaling import scaling_figures
-from analysis.present.format import cm_text, fixed, number, pct, sci, with_interval
+from analysis.present.format import OUTSIDE_MARK, cm_text, fixed, number, outside, pct, sci, with_interval
 from analysis.sources.values import override_text
 
 SCALING_CSV = "scaling"  # one row per arm: fit, intervals, held-out check, compute multipliers
@@ -94,7 +94,7 @@ def warning_text(w: ScalingWarning, study: ScalingStudy, status: dict[str, str] 
         return f"{w.arm}: {w.value} rung(s) with fitted runs, too few for three parameters: no fit."
     if w.code == W_FEW_RUNGS:
         return (f"{w.arm}: fitted on {w.value} rungs (fewer than {MIN_RUNGS}): three parameters from {w.value} "
-                "compute values, so the curve is barely constrained.")  # fmt: skip
+                "model sizes, so the curve is barely constrained.")  # fmt: skip
     if w.code == W_NON_MONOTONE:
         at = f" (budget {w.param})" if w.param and w.param != "1" else ""
         return (f"{w.arm}: loss does not fall with size at rung {rung}{at}: mean {fixed(w.value)} against "
@@ -113,7 +113,9 @@ def warning_text(w: ScalingWarning, study: ScalingStudy, status: dict[str, str] 
         return (f"{w.arm}, rung {rung}{at}: the best learning rate ({w.value:g}) is at an end of the grid; the "
                 "optimum may lie beyond it.")  # fmt: skip
     if w.code == W_HELD_OUT_SKIPPED:
-        return f"{w.arm}: no held-out check (it needs {MIN_RUNGS} rungs; the arm has {w.value})."
+        return (f"{w.arm}: its own fit (the first table) has no held-out check: without the largest rung it keeps "
+                f"{w.value} (rung, budget) cell(s), fewer than its 3 parameters (the per_arm form's rule in the "
+                "table of forms; a form that shares parameters across arms can still be checked there).")  # fmt: skip
     if w.code == W_HELD_OUT_ABOVE_GOAL:
         return (f"{w.arm}: the held-out rung {rung} is predicted with {pct(w.value)} relative error, above the "
                 f"{pct(HELD_OUT_GOAL)} goal.")  # fmt: skip
@@ -169,6 +171,27 @@ def multiplier_reading(m: Multiplier) -> str:
     return f"{verdict}; {where}"
 
 
+OUTSIDE_NOTE = (
+    f"{OUTSIDE_MARK} marks a point estimate outside its own bootstrap interval: nearly every "
+    "resample's refit lands on one side of the fit to the data. The percentile interval describes the resamples, "
+    "not this estimate (a fit at or near a bound of its box, or a loss surface with several optima, does this): "
+    "read the estimate as unsupported, and its interval as no more than the resamples' spread."
+)
+
+
+def outside_intervals(study: ScalingStudy) -> bool:
+    """Does any fitted parameter or multiplier the section shows lie outside its own interval?"""
+    checks = [(getattr(a.fit, p), *a.intervals.get(p, (float("nan"),) * 2)) for a in study.arms if a.fit
+              for p in ("E", "A", "alpha")]  # fmt: skip
+    for ff in study.forms.values():
+        if ff.fitted and ff.raw is not None:
+            key = "E" if "E" in ff.intervals else "E[0]"
+            checks.append((float(ff.raw[0, 0]), *ff.intervals.get(key, (float("nan"),) * 2)))
+    ms = [m for ms in study.form_multipliers.values() for m in ms] + list(study.multipliers)
+    checks += [(m.cm, m.low, m.high) for m in ms]
+    return any(outside(v, lo, hi) for v, lo, hi in checks)
+
+
 def _fit_table(study: ScalingStudy) -> Table:
     headers = [
         "arm", "rungs", "runs fitted", "E [95%]", "A [95%]", "α [95%]", "held-out rung", "its mean loss",
@@ -180,7 +203,7 @@ def _fit_table(study: ScalingStudy) -> Table:
         h = a.held_out
         rows.append([
             a.arm + (" (baseline)" if a.is_baseline else ""),
-            str(len(a.rungs)),
+            str(len({r.rung for r in a.rungs})),
             str(sum(len(r.run_ids) for r in a.rungs)),
             with_interval(a.fit.E, *ci["E"]) if a.fit else "–",
             with_interval(a.fit.A, *ci["A"], fmt=sci) if a.fit else "–",
@@ -444,6 +467,8 @@ def scaling_blocks(study: ScalingStudy, status: dict[str, str] | None = None) ->
     if study.warnings:
         out.append(Bullets(["Warning: " + warning_text(w, study, status) for w in study.warnings]))
     out.append(_fit_table(study))
+    if outside_intervals(study):
+        out.append(Para(OUTSIDE_NOTE))
     if study.forms:
         out.append(Para("Every form fitted to all arms at once (k: the arm; C compute, N parameters, D tokens). "
                         "Held-out: every arm's largest rung left out and predicted (worst relative error over arms, "
