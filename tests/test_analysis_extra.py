@@ -957,6 +957,48 @@ def test_the_answer_is_on_the_first_screen_and_every_table_fits_the_page(claims_
     assert too_wide[0] == "column 0" and too_wide[1] > too_wide[2]
 
 
+def test_hidden_lines_follow_the_rule_written_out():
+    """A line is hidden when one drawn after it covers its x range and stays within 1% of the panel's y span at each
+    of its points (interpolated); the first line drawn is the one hidden, never the last."""
+    from analysis.present.style import HIDDEN_FRACTION, hidden_lines
+
+    x = np.arange(0.0, 101.0, 10.0)
+    base = 3.0 - np.log1p(x) / 10
+    span = 1.0
+    near = base + 0.9 * HIDDEN_FRACTION * span
+    far = base.copy()
+    far[5] += 1.1 * HIDDEN_FRACTION * span  # one point off by more than a line's width: both lines show
+    assert hidden_lines([("a", x, base), ("b", x, near)], span) == [("a", "b")]
+    assert hidden_lines([("a", x, base), ("b", x, far)], span) == []
+    assert hidden_lines([("a", x, base), ("b", x[:6], base[:6])], span) == []  # b does not cover all of a
+    assert hidden_lines([("a", x[:6], base[:6]), ("b", x, base)], span) == [("a", "b")]
+    line, coarse = 3.0 - x / 100, x[::2]  # the later line interpolated at the hidden line's points
+    assert hidden_lines([("a", x, line), ("b", coarse, 3.0 - coarse / 100)], span) == [("a", "b")]
+    assert hidden_lines([("a", x, base + 5), ("b", x, base + 5)], 2.0, log=True) == [("a", "b")]
+
+
+def test_a_curve_hidden_under_another_is_said_in_the_caption(tmp_path):
+    """Issue 46.11: two arms with the same mean val loss curve draw one line; the caption names the one under, and
+    says nothing once the curves part."""
+    from analysis.present.figures.curves import loss_figures
+
+    def figure(shift: float) -> tuple[str, list[str]]:
+        root = tmp_path / f"shift{shift}"
+        for job, (placement, seed) in enumerate((p, s) for p in ("pre", "post") for s in (0, 1)):
+            rows = [{M.STEP: step, M.VAL_LOSS: 3.0 - step / 100 + 0.01 * seed + (shift if placement == "post" else 0)}
+                    for step in (0, 50, 100)]  # fmt: skip
+            write(root / str(job), config(placement, 1e-3, seed), rows,
+                  {M.STATUS: M.STATUS_COMPLETED, M.SEED: seed, M.FINAL_VAL_LOSS: rows[-1][M.VAL_LOSS]})  # fmt: skip
+        rs = load_runs([root])
+        (comp,) = [c for c in compare_runs(rs).comparisons if c.axis.name == "norm.placement"]
+        (fig,) = loss_figures(rs, comp)
+        return fig.caption, comp.arms
+
+    caption, (first, second) = figure(0.0)  # drawn in this order: the first is the one under
+    assert f"within 1% of the panel's height at every point): {first} lies under {second}." in caption
+    assert "Hidden lines" not in figure(0.2)[0]
+
+
 # --- the report as a Markdown renderer reads it ---------------------------------------------------------
 MARKDOWN_TEXTS = [
     "Zhang & Sennrich 2019's report", "p < 0.001; CM > 1; a<b", XSS, "<script>alert(1)</script>", "<!-- c -->",

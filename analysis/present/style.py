@@ -57,6 +57,46 @@ class PlotFigure:
     png: bytes
 
 
+HIDDEN_FRACTION = 0.01  # of a panel's y span: a 1.6 pt line (~2.4 px at DPI) on a ~250 px panel covers this much
+
+
+def hidden_lines(lines: Sequence[tuple[str, Any, Any]], span: float, log: bool = False) -> list[tuple[str, str]]:
+    """(hidden, covering) for each line drawn under a later one: ``lines`` are (label, x, y) in drawing order, and a
+    line is hidden when a line drawn after it covers its whole x range and stays within HIDDEN_FRACTION · ``span``
+    (the panel's y range; with ``log``, in log y) of it at each of its x (the later line linearly interpolated)."""
+    out = []
+    for i, (label, x, y) in enumerate(lines):
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        ok = np.isfinite(x) & np.isfinite(y) & ((y > 0) if log else True)
+        x, y = x[ok], np.log(y[ok]) if log else y[ok]
+        if not len(x) or not span > 0:
+            continue
+        for other, x2, y2 in lines[i + 1 :]:
+            x2, y2 = np.asarray(x2, dtype=float), np.asarray(y2, dtype=float)
+            ok2 = np.isfinite(x2) & np.isfinite(y2) & ((y2 > 0) if log else True)
+            x2, y2 = x2[ok2], np.log(y2[ok2]) if log else y2[ok2]
+            if len(x2) < 2 and not (len(x2) == 1 and len(x) == 1 and x2[0] == x[0]):
+                continue
+            if x.min() < x2.min() or x.max() > x2.max():
+                continue
+            order = np.argsort(x2)
+            if np.max(np.abs(np.interp(x, x2[order], y2[order]) - y)) <= HIDDEN_FRACTION * span:
+                out.append((label, other))
+                break
+    return out
+
+
+def hidden_note(hidden: Sequence[tuple[str, str, str]]) -> str:
+    """A caption's sentence naming each (panel, hidden line, covering line); "" when none is hidden."""
+    if not hidden:
+        return ""
+    parts = [(f"in {panel}, " if panel else "") + f"{a} lies under {b}" for panel, a, b in hidden]
+    return (
+        " Hidden lines (computed from the data: within " + f"{HIDDEN_FRACTION:.0%} of the panel's height at "
+        "every point): " + "; ".join(parts) + "."
+    )
+
+
 def label_text(s: str, width: int = 60) -> str:
     """Label-safe text: ``$`` would start mathtext, a leading ``_`` hides a legend entry."""
     s = s.replace("$", r"\$")

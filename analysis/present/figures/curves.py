@@ -27,6 +27,8 @@ from analysis.present.style import (
     MAX_PANELS,
     PlotFigure,
     arm_legend,
+    hidden_lines,
+    hidden_note,
     label_text,
     metric_title,
     panel_grid,
@@ -188,8 +190,10 @@ def curve_figures(
     for page, contexts in enumerate(pages, 1):
         fig, axes = panel_grid(len(contexts), comp.arms, len(extra))
         drawn = False
+        hidden: list[tuple[str, str, str]] = []
         for ax, context in zip(axes, contexts):
             ylims: list[float] = []
+            means: list[tuple[str, np.ndarray, np.ndarray]] = []
             for arm in comp.arms:
                 members = members_of.get((context, arm), [])
                 done = [r for r in members if status[r] == M.STATUS_COMPLETED]
@@ -198,6 +202,7 @@ def curve_figures(
                     steps, mean, low, high = band
                     x, y = _thin(steps.to_numpy(), mean)
                     ax.plot(x, y, color=colors[arm], lw=1.6)
+                    means.append((arm, x, y))
                     if len(done) > 1:
                         xb, lo = _thin(steps.to_numpy(), low)
                         ax.fill_between(xb, lo, _thin(steps.to_numpy(), high)[1], color=colors[arm],
@@ -218,6 +223,9 @@ def curve_figures(
                         drawn = True
             if ylims:
                 lo, hi = min(ylims), max(ylims)
+                log = log_y and lo > 0
+                span = math.log(hi / lo) if log else hi - lo
+                hidden += [(context, a, b) for a, b in hidden_lines(means, span, log)]
                 if log_y and lo > 0:
                     ax.set_yscale("log")
                     ax.set_ylim(lo / 1.1, hi * 1.1)
@@ -238,6 +246,7 @@ def curve_figures(
             + (f"; each run EMA-smoothed (β={smoothing:g}) first" if smoothing else "")
             + "."
             + _not_completed_note(rs, comp, contexts)
+            + hidden_note([(c if len(comp.contexts) > 1 else "", a, b) for c, a, b in hidden])
             + (_omitted_note(comp, max_pages) if page == len(pages) else "")
         )
         out.append(PlotFigure(f"{slug(comp.axis.label)}_{kind}_{page}", title, text, png_bytes(fig)))

@@ -13,6 +13,8 @@ from analysis.present.style import (
     MAX_PANELS,
     PlotFigure,
     arm_legend,
+    hidden_lines,
+    hidden_note,
     label_text,
     log_ticks_in_view,
     metric_title,
@@ -77,8 +79,10 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
     for page, group in enumerate(shown_pages, 1):
         page_labels = labels if line_axis else [c for _, cs in group for c in cs]
         fig, axes = panel_grid(len(group), page_labels, len(extra))
+        hidden: list[tuple[str, str, str]] = []
         for ax, (title, contexts) in zip(axes, group):
             trans = blended_transform_factory(ax.transData, ax.transAxes)
+            lines: list[tuple[str, np.ndarray, np.ndarray]] = []
             for context in contexts:
                 i = page_labels.index(label_of[context])
                 color, marker = COLORS[i % len(COLORS)], MARKERS[i % len(MARKERS)]
@@ -89,6 +93,7 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
                     err = np.vstack([mean - sel[f"{final}_ci_low"], sel[f"{final}_ci_high"] - mean])
                     err = np.where(np.isfinite(err), err, 0.0)
                     ax.errorbar(sel["lr"], mean, yerr=err, color=color, marker=marker, ms=4, lw=1.4, capsize=2.5)
+                    lines.append((label_of[context], np.log(sel["lr"].to_numpy(dtype=float)), mean))
                 b = best.loc[context]
                 if np.isfinite(b["best_lr"]):
                     ax.plot(b["best_lr"], b[f"{final}_mean"], marker="o", ms=12, mfc="none", mec=color, mew=1.5)
@@ -97,6 +102,7 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
                     ax.plot(div["lr"], [0.97 - 0.035 * (i % 8)] * len(div), ls="", marker="X", ms=6,
                             color=color, transform=trans, clip_on=False)  # fmt: skip
             low, high = ax.get_ylim()
+            hidden += [(title, a, b) for a, b in hidden_lines(lines, high - low)]
             for key, level in sweep.levels.items():  # a level far off the losses would squash them: left out
                 if low - LEVEL_REACH * (high - low) <= level <= high + LEVEL_REACH * (high - low):
                     ax.axhline(level, color="0.45", lw=1, ls=LEVELS[key][1], zorder=0)
@@ -121,6 +127,7 @@ def lr_figures(sweep: LRSweep, max_pages: int | None = None) -> list[PlotFigure]
                "distributions (a run near the bigram level has learned little past the previous token), drawn in "
                f"a panel when within {LEVEL_REACH:.0%} of its loss range beyond its losses."
                if sweep.levels else "")
+            + hidden_note(hidden)
             + (f" Only the first {sum(len(p) for p in shown_pages)} of {len(panels)} panels are drawn; the "
                "table holds every arm." if omitted else "")
         )  # fmt: skip
