@@ -306,8 +306,8 @@ def _text(where: str, raw: Mapping[str, Any], name: str) -> str:
 def _scalar(where: str, name: str, value: Any) -> Any:
     if isinstance(value, (Mapping, list, tuple)):
         raise bad(f"{where}.{name}", value, "must be one value (a string, number, true/false or null)")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise bad(f"{where}.{name}", value, "must be a finite number")
+    if isinstance(value, float) and math.isnan(value):  # .inf is a value (optim.wd_timescale: no decay)
+        raise bad(f"{where}.{name}", value, "must be a number, not nan")
     return value
 
 
@@ -585,11 +585,12 @@ def in_over(over: tuple[float | None, float | None], x: float) -> bool:
 
 
 def _check_basin(claim: Claim, where: str, values: Sequence[Any]) -> None:
-    """A basin claim's axis has numbers for values, and some of them lie in its ``over``."""
-    if any(not (_number(v) or v == math.inf) for v in values):
+    """A basin claim's axis has numbers for values (null, an option's own rule such as shape.ffn_ratio's, is no
+    point of it), and some of them lie in its ``over``."""
+    if any(not (v is None or _number(v) or v == math.inf) for v in values):
         raise bad(f"{where}.axis", claim.axis, f"a basin needs a numeric axis; values: {_show(values)}")
     assert claim.over is not None
-    if not any(in_over(claim.over, float(v)) for v in values):
+    if not any(in_over(claim.over, float(v)) for v in values if v is not None):
         raise bad(f"{where}.over", list(claim.over), f"no value of {claim.axis} in this sweep lies there; values: "
                   f"{_show(values)}")  # fmt: skip
 

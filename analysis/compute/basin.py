@@ -123,8 +123,9 @@ def axis_number(value: Any) -> float | None:
 
 
 def is_numeric(values: Iterable[Any]) -> bool:
-    """Can these values be a basin's axis: every one a number, at least MIN_POINTS of them."""
-    xs = [axis_number(v) for v in values]
+    """Can these values be a basin's axis: at least MIN_POINTS numbers, every other value null (an option's own
+    rule, e.g. shape.ffn_ratio=null: the activation's d_ff, no point of the basin)."""
+    xs = [axis_number(v) for v in values if v is not None]
     return len(xs) >= MIN_POINTS and all(x is not None for x in xs)
 
 
