@@ -52,7 +52,7 @@ STUDIES = [
     "norm_2x2", "pre_vs_post_norm", "prepost_map", "rmsnorm_vs_layernorm", "norm_placement", "position",
     "activation", "attention", "regularization", "lr_sensitivity", "parallel_vs_serial", "optimizer",
     "lr_transfer_base", "lr_transfer", "ladder_activation_base", "ladder_activation", "ladder_arch_base", "ladder_arch",
-    "ladder_optimizer_base", "ladder_optimizer", "ffn_ratio", "weight_decay",
+    "ladder_optimizer_base", "ladder_optimizer", "ffn_ratio", "weight_decay", "heads", "aspect", "vocab",
 ]  # fmt: skip
 # studies whose sweep was trained in parts kept in folders of their own: the report reads them beside runs/gallery/
 # <study> (ladder_optimizer: its a_out-1 grids were trained on 2026-12-04 as the study's design then; a fresh
