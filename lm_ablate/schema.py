@@ -20,6 +20,16 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from lm_ablate.errors import bad
 
+# what shape=iso sets, and the key that holds it instead (lm_ablate/shape.py); the analysis reads these as solved,
+# not as axes of their own (analysis/compute/compare.py solved_sizes)
+SHAPE_SETS = {
+    "model.d_model": "shape.d_model",
+    "model.n_layers": "shape.n_layers",
+    "model.n_heads": "shape.n_heads",
+    "model.head_dim": "shape.head_dim",
+    "activation.d_ff": "shape.ffn_ratio",
+}
+
 
 @dataclass
 class ModelConfig:

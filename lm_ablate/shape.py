@@ -54,18 +54,13 @@ from lm_ablate.data import vocabulary
 from lm_ablate.errors import ConfigError, bad
 from lm_ablate.model import ModelCost, TransformerLM, model_cost
 from lm_ablate.registry import ACTIVATIONS
+from lm_ablate.schema import SHAPE_SETS
 from lm_ablate.validation import SHAPE_REQUEST, check_shape, check_sizes, validate
 
 # shape=iso's values for keys left null (conf/shape/iso.yaml writes them out)
 DEFAULTS = {"attn_ratio": 1.0, "head_dim_target": 32, "d_ff_multiple": 1, "tolerance": 0.02}
 # what shape=iso sets, and the key that holds it instead
-SETS = {
-    "model.d_model": "shape.d_model",
-    "model.n_layers": "shape.n_layers",
-    "model.n_heads": "shape.n_heads",
-    "model.head_dim": "shape.head_dim",
-    "activation.d_ff": "shape.ffn_ratio",
-}
+SETS = SHAPE_SETS
 CANDIDATE_CHECKS = 500  # candidates checked (size rules) before the nearest one is given up on
 FULL_TRIES = 5  # candidates validated and built in full before the first one's error is reported
 

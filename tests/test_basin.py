@@ -43,7 +43,8 @@ NOISE = {(1, 0): 0.004, (1, 1): -0.003, (1, 2): 0.001, (2, 0): 0.0, (2, 1): 0.00
 
 
 def planted(base: dict[int, float], stalled: tuple[int, int] | None = None, bpe: bool = False,
-            bpb: dict[int, float] | None = None) -> Any:  # fmt: skip
+            bpb: dict[int, float] | None = None, widths: dict[int, int] | None = None,
+            shape: str | None = None) -> Any:  # fmt: skip
     """A run set: final val loss = base[x] + 0.05 per grid step away from the point's best LR + the seed's offset
     + the (x, seed) noise. ``stalled``: (x, seed) whose run at its best LR stalled; ``bpe``: each x its own BPE
     vocabulary (256 x) (a vocabulary study: the axis is the tokenizer); ``bpb``: bits per byte = loss x bpb[x]."""
@@ -61,7 +62,8 @@ def planted(base: dict[int, float], stalled: tuple[int, int] | None = None, bpe:
                 if stalled == (x, s) and lr == BEST_LR[x]:
                     summary.update({M.STALLED: True, M.STALL_REASON: "unigram"})
                 cfg = {
-                    "model": {"name": "small", "ffn_ratio": x},
+                    "model": {"name": "small", "ffn_ratio": x, **({"d_model": widths[x]} if widths else {})},
+                    **({"shape": {"name": shape}} if shape else {}),
                     "optim": {"name": "adamw", "lr": lr},
                     "data": {
                         "name": "shakespeare",
@@ -233,3 +235,19 @@ def test_the_report_has_a_basins_section_with_its_table_and_figure():
     assert [f.file_name for f in figures_in(blocks)] == ["model.ffn_ratio_basin_1.png"]
     # tau/T's no-decay value (inf) and a lambda of 0 sit a decade beyond the finite values on the log axis
     assert positions([0.0, 0.1, 1.0, math.inf]) == ([0.01, 0.1, 1.0, 10.0], ["0", "0.1", "1", "∞"])
+
+
+# two requests that solve to one width (shape=iso: GELU at 4 and SwiGLU at 8/3 are both d_model 74), so the width
+# splits the runs differently from the axis
+WIDTHS = {1: 104, 2: 90, 4: 74, 16: 44, 32: 44}
+
+
+def test_sizes_solved_by_shape_iso_are_not_axes_of_their_own():
+    rs = planted(BASE, widths=WIDTHS, shape="iso")
+    cs = compare_runs(rs)
+    assert [a.name for a in cs.varied] == [KEY, "optim.lr"]
+    (b,) = basins(rs, cs)
+    assert [p.x for p in b.points] == [1, 2, 4, 16, 32]  # one basin over every value, not one-point contexts
+    # without shape=iso the width is an intervention of its own (it cuts the runs into contexts)
+    cs = compare_runs(planted(BASE, widths=WIDTHS, shape="none"))
+    assert "model.d_model" in [a.name for a in cs.varied]

@@ -38,6 +38,7 @@ from analysis.sources.load import INIT_VAL_LOSS, AnalysisError, RunSet, downstre
 from analysis.sources.values import launch_order, matches_text, override_text, value_order
 from lm_ablate import metrics as M
 from lm_ablate.claim_spec import per_token_refusal
+from lm_ablate.schema import SHAPE_SETS
 
 # bookkeeping that differs between runs without being an intervention; the ladder keys are the report's settings
 EXCLUDED_KEYS = frozenset({
@@ -205,10 +206,13 @@ def find_axes(rs: RunSet) -> tuple[list[Axis], dict[str, list[Any]], dict[str, A
         for k, v in varied.items()
         if not is_candidate(k) and not (k.startswith(CHOICES) and f"{key_label(k)}.name" in varied)
     }
+    # the sizes shape=iso solves (model.d_model, ... at a fixed N) follow its request: bookkeeping, not axes
+    solved = solved_sizes(rs.configs.values(), varied)
+    ignored |= {k: varied[k] for k in solved}
     own = option_keys(rs.configs, varied)
     groups: dict[tuple[int, ...], list[str]] = {}
     for key in varied:
-        if is_candidate(key) and key not in own:
+        if is_candidate(key) and key not in own and key not in solved:
             groups.setdefault(_partition(run_ids, rs.configs, key), []).append(key)
     # a bundle (arch=original,gpt2,llama) sets every key that changes only with it, even one that two of its
     # options share (norm.name is layernorm for original and gpt2): those keys are its, not axes of their own
@@ -235,6 +239,16 @@ def find_axes(rs: RunSet) -> tuple[list[Axis], dict[str, list[Any]], dict[str, A
             owned = tuple(k for k in own if set(own[k]) & set(members))
             axes.append(Axis(name, (name, *others), owned))
     return axes, varied, fixed, ignored
+
+
+def solved_sizes(configs: Iterable[dict[str, Any]], varied: dict[str, list[Any]]) -> list[str]:
+    """The varied keys shape=iso set in every run (lm_ablate/schema.py SHAPE_SETS): the solver's answer to the
+    swept request (shape.ffn_ratio, shape.n_layers, ...), which splits the runs differently from it where two
+    requests solve to one size (GELU at 4 and SwiGLU at 8/3: both d_model 74), so read as axes they would cut a
+    basin into one-point contexts. Runs without shape=iso keep their sizes as axes."""
+    if not all(cfg.get("shape.name") == "iso" for cfg in configs):
+        return []
+    return [k for k in SHAPE_SETS if k in varied]
 
 
 def _nested(flat: dict[str, Any]) -> dict[str, Any]:
