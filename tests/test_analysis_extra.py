@@ -808,13 +808,21 @@ def _browse(browser: str, page: Path, tmp_path: Path, *args: str) -> subprocess.
 
 def cells_outside_their_columns(browser: str, report: Path, tmp_path: Path, width: int = 1280) -> list[list]:
     """The table cells whose text the browser draws outside the cell (over the next column), at ``width``."""
+    return _probed(browser, report, tmp_path, LAYOUT_PROBE, "layout-probe", width, 2000)
+
+
+def _probed(
+    browser: str, report: Path, tmp_path: Path, probe: str, probe_id: str, width: int, height: int
+) -> dict | list:
+    """What ``probe`` (a script that writes JSON into <pre id=probe_id>) measured on ``report`` in a ``width`` x
+    ``height`` window."""
     import html
 
-    page = tmp_path / f"probe_{report.parent.name}.html"
-    page.write_text(report.read_text().replace("</body>", LAYOUT_PROBE + "\n</body>"))
-    done = _browse(browser, page, tmp_path, f"--window-size={width},2000", "--dump-dom")
+    page = tmp_path / f"{probe_id}_{report.parent.name}.html"
+    page.write_text(report.read_text().replace("</body>", probe + "\n</body>"))
+    done = _browse(browser, page, tmp_path, f"--window-size={width},{height}", "--dump-dom")
     assert done.returncode == 0, done.stderr[-2000:]
-    found = re.search(r'<pre id="layout-probe">(.*?)</pre>', done.stdout, re.S)
+    found = re.search(rf'<pre id="{probe_id}">(.*?)</pre>', done.stdout, re.S)
     assert found, done.stdout[-2000:]
     return json.loads(html.unescape(found.group(1)))
 
@@ -921,15 +929,7 @@ PAGE_PROBE = """<script>
 def page_layout(browser: str, report: Path, tmp_path: Path, width: int = 1400, height: int = 900) -> dict:
     """The first screen and the tables wider than the page, as PAGE_PROBE measures them in a ``width`` x
     ``height`` window."""
-    import html
-
-    page = tmp_path / f"page_{report.parent.name}.html"
-    page.write_text(report.read_text().replace("</body>", PAGE_PROBE + "\n</body>"))
-    done = _browse(browser, page, tmp_path, f"--window-size={width},{height}", "--dump-dom")
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = re.search(r'<pre id="page-probe">(.*?)</pre>', done.stdout, re.S)
-    assert found, done.stdout[-2000:]
-    return json.loads(html.unescape(found.group(1)))
+    return _probed(browser, report, tmp_path, PAGE_PROBE, "page-probe", width, height)
 
 
 def test_the_answer_is_on_the_first_screen_and_every_table_fits_the_page(claims_report, tmp_path):
