@@ -44,10 +44,11 @@ NOISE = {(1, 0): 0.004, (1, 1): -0.003, (1, 2): 0.001, (2, 0): 0.0, (2, 1): 0.00
 
 def planted(base: dict[int, float], stalled: tuple[int, int] | None = None, bpe: bool = False,
             bpb: dict[int, float] | None = None, widths: dict[int, int] | None = None,
-            shape: str | None = None) -> Any:  # fmt: skip
+            shape: str | None = None, flops: dict[int, float] | None = None) -> Any:  # fmt: skip
     """A run set: final val loss = base[x] + 0.05 per grid step away from the point's best LR + the seed's offset
     + the (x, seed) noise. ``stalled``: (x, seed) whose run at its best LR stalled; ``bpe``: each x its own BPE
-    vocabulary (256 x) (a vocabulary study: the axis is the tokenizer); ``bpb``: bits per byte = loss x bpb[x]."""
+    vocabulary (256 x) (a vocabulary study: the axis is the tokenizer); ``bpb``: bits per byte = loss x bpb[x];
+    ``flops``: each x's training FLOPs per token."""
     records = []
     for x, grid in GRIDS.items():
         for lr in grid:
@@ -59,6 +60,8 @@ def planted(base: dict[int, float], stalled: tuple[int, int] | None = None, bpe:
                                 M.FINAL_VAL_LOSS: loss})  # fmt: skip
                 if bpb is not None:
                     summary[M.FINAL_VAL_BPB] = loss * bpb[x]
+                if flops is not None:
+                    summary[M.FLOPS_PER_TOKEN] = flops[x]
                 if stalled == (x, s) and lr == BEST_LR[x]:
                     summary.update({M.STALLED: True, M.STALL_REASON: "unigram"})
                 cfg = {
@@ -235,6 +238,30 @@ def test_the_report_has_a_basins_section_with_its_table_and_figure():
     assert [f.file_name for f in figures_in(blocks)] == ["model.ffn_ratio_basin_1.png"]
     # tau/T's no-decay value (inf) and a lambda of 0 sit a decade beyond the finite values on the log axis
     assert positions([0.0, 0.1, 1.0, math.inf]) == ([0.01, 0.1, 1.0, 10.0], ["0", "0.1", "1", "∞"])
+
+
+def test_where_the_points_cost_different_flops_the_report_shows_each_ones_ratio_to_the_best():
+    from analysis.present.document import Table, render_markdown
+    from analysis.present.figures.basin import basin_figures
+    from analysis.present.sections.basin import basin_blocks
+
+    # an aspect study: deeper points pay more attention FLOPs at the same N (the best point, x = 2, costs 2.0M)
+    rs = planted(BASE, flops={1: 1.75e6, 2: 2.0e6, 4: 2.1e6, 16: 2.45e6, 32: 2.45e6})
+    (b,) = basins(rs, compare_runs(rs))
+    assert {p.x: p.flops_per_token for p in b.points} == {1: 1.75e6, 2: 2.0e6, 4: 2.1e6, 16: 2.45e6, 32: 2.45e6}
+    (table,) = [x for x in basin_blocks([b], []) if isinstance(x, Table)]
+    assert table.headers[5] == "FLOPs/token (× the best's)"
+    assert [row[5] for row in table.rows] == ["1.75M (×0.88)", "2.00M (×1.00)", "2.10M (×1.05)", "2.45M (×1.23)",
+                                              "2.45M (×1.23)"]  # fmt: skip
+    (fig,) = basin_figures([b])
+    assert "FLOPs per token divided by the best value's" in fig.caption
+    assert "FLOPs/token (× the best's)" in render_markdown(basin_blocks([b], []))
+    # one shape's cost at every point (a heads study at attn_ratio 1): no column, no second axis
+    same = planted(BASE, flops=dict.fromkeys(BASE, 1.62e6))
+    (b,) = basins(same, compare_runs(same))
+    (table,) = [x for x in basin_blocks([b], []) if isinstance(x, Table)]
+    assert "FLOPs/token (× the best's)" not in table.headers
+    assert "FLOPs per token" not in basin_figures([b])[0].caption
 
 
 # two requests that solve to one width (shape=iso: GELU at 4 and SwiGLU at 8/3 are both d_model 74), so the width

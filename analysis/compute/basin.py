@@ -18,6 +18,10 @@ axis (a *point*):
                 else Welch's), all three divided by L(x*) (taken as known: its relative standard error is ~0.1%
                 here, against effects of ~1%)
 
+    F(x)        the point's training FLOPs per token (summary.json flops_per_token; one shape per point): at a fixed
+                parameter count a shape can still cost more compute (attention's 12 L d T grows with depth at a
+                fixed N), so the report shows F(x) / F(x*) beside r(x) where the points' F differ
+
 x* has r = 0 and no interval. Metric: final val loss, or final val bits per byte where the points' tokenizers
 differ (loss per token is not comparable across tokenizers; without bits per byte such a basin is refused:
 ``refused``); for one tokenizer both give the same r (bits per byte = loss x tokens / (bytes ln 2), one factor).
@@ -78,6 +82,7 @@ class Point:
     values: tuple[tuple[str, Any, float], ...]
     stalled: tuple[int, int]
     is_best: bool = False
+    flops_per_token: float = math.nan  # F(x): mean over the point's runs at its best LR (NaN where not recorded)
 
     @property
     def runs(self) -> tuple[str, ...]:
@@ -110,6 +115,7 @@ class Basin:
                 "lr_grid": " ".join(override_text(v) for v in p.lr.grid), "mean": p.mean, "n": p.n,
                 "relative_pct": p.relative, "ci_low_pct": p.low, "ci_high_pct": p.high, "test": p.test,
                 "n_pairs": p.n_pairs, "is_best": p.is_best, "n_stalled": p.stalled[0], "runs_at_best_lr": p.stalled[1],
+                "flops_per_token": p.flops_per_token,
             })  # fmt: skip
         return pd.DataFrame(rows)
 
@@ -174,7 +180,8 @@ def basin_of(
         best, vs = picks[x], values[x]
         mean = float(np.mean([v for *_, v in vs])) if vs else math.nan
         stall = (sum(stalled.get(r, False) for r in best.run_ids), len(best.run_ids))
-        common = dict(x=x, value=written[x], lr=best, mean=mean, n=len(vs), values=tuple(vs), stalled=stall)
+        common = dict(x=x, value=written[x], lr=best, mean=mean, n=len(vs), values=tuple(vs), stalled=stall,
+                      flops_per_token=_mean_of(rows, best.run_ids, M.FLOPS_PER_TOKEN))  # fmt: skip
         if x == best_x or not math.isfinite(best_x):
             nan = math.nan
             rel = 0.0 if x == best_x else nan
@@ -210,6 +217,19 @@ def _values(rows: pd.DataFrame, rs: RunSet, ids: Iterable[str], metric: str) -> 
         if row.get(M.STATUS) == M.STATUS_COMPLETED and math.isfinite(v):
             out.append((r, rs.configs.get(r, {}).get(M.SEED, row.get(M.SEED)), v))
     return out
+
+
+def _mean_of(rows: pd.DataFrame, ids: Iterable[str], column: str) -> float:
+    """The mean of ``column`` over the finite values ``ids`` recorded (NaN where none did)."""
+    vs = [_num(rows.loc[r].get(column)) for r in ids] if column in rows.columns else []
+    vs = [v for v in vs if math.isfinite(v)]
+    return float(np.mean(vs)) if vs else math.nan
+
+
+def flops_differ(b: Basin, tolerance: float = 0.005) -> bool:
+    """Do the points' FLOPs per token differ by more than ``tolerance`` (relative): is compute a second axis?"""
+    fs = [p.flops_per_token for p in b.points if math.isfinite(p.flops_per_token)]
+    return len(fs) >= 2 and max(fs) > (1 + tolerance) * min(fs)
 
 
 def _num(value: Any) -> float:

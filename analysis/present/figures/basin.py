@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.lines import Line2D
 
-from analysis.compute.basin import Basin
+from analysis.compute.basin import Basin, flops_differ
 from analysis.present.style import (
     COLORS,
     MARKERS,
@@ -24,6 +24,7 @@ from analysis.present.style import (
 )
 from lm_ablate import metrics as M
 
+FLOPS_COLOR = "0.5"
 DECADE = 10.0  # where 0 and inf sit on the log axis: a decade beyond the finite positive values
 
 
@@ -47,6 +48,16 @@ def positions(xs: Sequence[float]) -> tuple[list[float], list[str]]:
     return at, labels
 
 
+def draw_flops(ax, at: Sequence[float], b: Basin) -> None:
+    """F(x) / F(x*) on a right-hand axis of ``ax`` (dashed): what each value costs per token against the best."""
+    best = b.best.flops_per_token if b.best else math.nan
+    ratio = [p.flops_per_token / best if best > 0 else math.nan for p in b.points]
+    twin = ax.twinx()
+    twin.plot(at, ratio, color=FLOPS_COLOR, marker="s", ms=3, ls="--", lw=1)
+    twin.set_ylabel("FLOPs/token ÷ the best's", color=FLOPS_COLOR, fontsize=8)
+    twin.tick_params(axis="y", labelsize=7, colors=FLOPS_COLOR)
+
+
 def metric_words(metric: str) -> str:
     return "final val bits per byte" if metric == M.FINAL_VAL_BPB else "final val loss"
 
@@ -62,11 +73,15 @@ def basin_figures(basins: Sequence[Basin], max_pages: int | None = None) -> list
     for label, group in by_axis.items():
         pages = [group[i : i + MAX_PANELS] for i in range(0, len(group), MAX_PANELS)]
         pages = pages[:max_pages] if max_pages else pages
+        compute = any(flops_differ(b) for b in group)
         extra = [
             Line2D([], [], color="0.3", marker="o", label="each value at its own best LR; bars: 95% CI over seeds"),
             Line2D([], [], color="0.3", marker="o", mfc="none", ls="", label="best LR at an edge of its grid"),
             Line2D([], [], color="0.3", marker="x", ls="", label="stalled seeds at its best LR"),
         ]
+        if compute:
+            extra.append(Line2D([], [], color=FLOPS_COLOR, marker="s", ms=3, ls="--",
+                                label="FLOPs/token ÷ the best value's (right axis)"))  # fmt: skip
         for page, panel in enumerate(pages, 1):
             fig, axes = panel_grid(len(panel), [], len(extra))
             for ax, b in zip(axes, panel):
@@ -89,6 +104,8 @@ def basin_figures(basins: Sequence[Basin], max_pages: int | None = None) -> list
                 ax.set_xticks(at, ticks)
                 ax.minorticks_off()
                 style_axes(ax, b.context, f"{label} (log)", f"{metric_words(b.metric)} vs the best, %")
+                if compute:
+                    draw_flops(ax, at, b)
             arm_legend(fig, [], extra)
             title = f"{metric_words(group[0].metric)} relative to the best value of {label}" + (
                 f" ({page}/{len(pages)})" if len(pages) > 1 else ""
@@ -101,6 +118,11 @@ def basin_figures(basins: Sequence[Basin], max_pages: int | None = None) -> list
                 "where the values share two; none with one seed); the best value sits at 0. A hollow marker: that "
                 "value's best LR is at an edge of its grid (its loss may be lower beyond it); a red x: stalled "
                 "seeds among its runs there. x on a log scale; ∞ and 0 (where the axis has them) a decade beyond."
+            ) + (
+                " Dashed, right axis: each value's training FLOPs per token divided by the best value's (the values "
+                "are matched in parameters and tokens, not in compute)."
+                if compute
+                else ""
             )
             name = f"{slug(label)}_basin_{page}"
             out.append(PlotFigure(name, title, caption, png_bytes(fig)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from analysis.compute.basin import Basin
+from analysis.compute.basin import Basin, flops_differ
 from analysis.present.document import Block, Fig, Heading, Para, Table
 from analysis.present.figures.basin import metric_words
 from analysis.present.format import finite, num
@@ -21,7 +21,10 @@ INTRO = (
     "paired t-test where the values share two seeds, else Welch's, divided by L(x*)). Where the values differ in "
     "tokenizer the metric is bits per byte (loss per token does not compare). The best value is the minimum of "
     "noisy means, so the others lean up by about its noise. Basin claims (within m% of the best over [a, b]; worse "
-    "by at least m% beyond c) are decided on these numbers in the Claims section."
+    "by at least m% beyond c) are decided on these numbers in the Claims section. Where the values' training FLOPs "
+    "per token differ (at a fixed parameter count, a deeper model pays more attention FLOPs: 12 L d T), the table "
+    "gives each value's FLOPs per token and its ratio to the best value's, and the figure draws that ratio too: "
+    "the loss is matched in parameters and tokens, not in compute."
 )
 
 
@@ -34,15 +37,27 @@ def pct_text(value: float, low: float, high: float) -> str:
 
 
 def basin_table(b: Basin) -> Table:
+    compute = flops_differ(b)
+    best = b.best
     rows = []
     for p in b.points:
         lr = override_text(p.lr.lr) if finite(p.lr.lr) else "–"
         stalled = f"{p.stalled[0]} of {p.stalled[1]}" if p.stalled[0] else ""
         rel = "0 (best)" if p.is_best else pct_text(p.relative, p.low, p.high)
-        rows.append([override_text(p.value), lr + (" ⚠ grid edge" if p.lr.at_edge else ""), num(p.mean), str(p.n),
-                     rel, stalled])  # fmt: skip
-    headers = ["value", "its best LR", f"{metric_words(b.metric)} (mean)", "seeds", "vs the best (95% CI)", "stalled"]
-    return Table(headers, rows, frozenset({2, 3, 4}))
+        row = [override_text(p.value), lr + (" ⚠ grid edge" if p.lr.at_edge else ""), num(p.mean), str(p.n), rel]
+        if compute:
+            row.append(flops_text(p.flops_per_token, best.flops_per_token if best else float("nan")))
+        rows.append([*row, stalled])
+    headers = ["value", "its best LR", f"{metric_words(b.metric)} (mean)", "seeds", "vs the best (95% CI)"]
+    headers += ["FLOPs/token (× the best's)"] if compute else []
+    return Table([*headers, "stalled"], rows, frozenset(range(2, len(headers))))
+
+
+def flops_text(flops: float, best: float) -> str:
+    if not finite(flops):
+        return "–"
+    ratio = f" (×{flops / best:.2f})" if finite(best) and best > 0 else ""
+    return f"{flops / 1e6:.2f}M{ratio}"
 
 
 def basin_blocks(basins: Sequence[Basin], figures: Sequence[PlotFigure]) -> list[Block]:
