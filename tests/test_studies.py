@@ -35,7 +35,10 @@ REQUIRED = {
     "ladder_arch_base",
     "ladder_activation_base",
     "ladder_optimizer_base",
+    *("ffn_ratio", "heads", "aspect", "vocab", "weight_decay"),  # the hyperparameter half (issue 47)
 }
+# studies at a fixed non-embedding parameter count (shape=iso solves each arm's sizes)
+ISO = {"ffn_ratio", "heads", "aspect", "vocab", "weight_decay"}
 # studies whose claims are about a fixed regime (a high LR without warmup, the post-LN map over depth x LR): they
 # keep their one setting (issue 23); every other study tunes the LR per arm and warms up
 REGIME = {"norm_2x2", "pre_vs_post_norm", "prepost_map"}
@@ -90,7 +93,7 @@ def test_study_has_three_seeds_and_its_own_experiment(study):
     assert experiment["study"] == study
 
 
-@pytest.mark.parametrize("study", sorted(REQUIRED))
+@pytest.mark.parametrize("study", sorted(REQUIRED - ISO))
 def test_every_arm_builds(study):
     """Each value of each swept key, the others at their first value (the arms a sweep can produce)."""
     p = params(study)
@@ -107,6 +110,31 @@ def test_every_arm_builds(study):
             assert cfg.study == study
             model = TransformerLM(cfg, 64)
             assert sum(p.numel() for p in model.parameters()) > 0
+
+
+@pytest.mark.parametrize("study", sorted(ISO))
+def test_every_arm_of_an_iso_study_builds_at_its_target_parameter_count(study):
+    """Each arm of a shape=iso study (each value of each swept key but the LR and the seed, the others at their
+    first value) composes to a model whose non-embedding parameters, counted off the built model, are within the
+    shape's tolerance of the target: the study holds N fixed while the shape changes."""
+    p = params(study)
+    first = {k: v[0] for k, v in p.items()}
+    shapes = set()
+    for key, values in p.items():
+        if key in ("optim.lr", "seed"):  # the same shape at every LR and seed
+            continue
+        for value in values:
+            cfg = compose([f"experiment={study}", *(f"{k}={v}" for k, v in {**first, key: value}.items())])
+            assert cfg.study == study and cfg.shape.name == "iso"
+            model = TransformerLM(cfg, 256)
+            embedding = model.embed.weight.numel() + model.position.embedding_params
+            n = sum(q.numel() for q in model.parameters()) - embedding
+            assert abs(n / cfg.shape.target_params - 1) <= cfg.shape.tolerance, (key, value, n)
+            block = sum(q.numel() for q in model.blocks[0].parameters())  # moves with d_ff and the attention width
+            shapes.add((cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads, block))
+    # the swept value changes the shape, except where it is not a size: tau/T, and the vocabulary (tied embeddings
+    # keep N, so every vocabulary solves to one shape)
+    assert (len(shapes) == 1) == (study in ("weight_decay", "vocab")), shapes
 
 
 def experiment(study: str) -> dict:
