@@ -254,7 +254,7 @@ def test_where_the_points_cost_different_flops_the_report_shows_each_ones_ratio_
     assert [row[5] for row in table.rows] == ["1.75M (×0.88)", "2.00M (×1.00)", "2.10M (×1.05)", "2.45M (×1.23)",
                                               "2.45M (×1.23)"]  # fmt: skip
     (fig,) = basin_figures([b])
-    assert "FLOPs per token divided by the best value's" in fig.caption
+    assert "FLOPs per token relative to the best value's" in fig.caption
     assert "FLOPs/token (× the best's)" in render_markdown(basin_blocks([b], []))
     # one shape's cost at every point (a heads study at attn_ratio 1): no column, no second axis
     same = planted(BASE, flops=dict.fromkeys(BASE, 1.62e6))

@@ -49,13 +49,11 @@ def positions(xs: Sequence[float]) -> tuple[list[float], list[str]]:
 
 
 def draw_flops(ax, at: Sequence[float], b: Basin) -> None:
-    """F(x) / F(x*) on a right-hand axis of ``ax`` (dashed): what each value costs per token against the best."""
+    """100 (F(x) / F(x*) - 1), dashed, on the panel's own % axis: what each value costs per token against the best
+    (a twin axis would not fit the report's panel width)."""
     best = b.best.flops_per_token if b.best else math.nan
-    ratio = [p.flops_per_token / best if best > 0 else math.nan for p in b.points]
-    twin = ax.twinx()
-    twin.plot(at, ratio, color=FLOPS_COLOR, marker="s", ms=3, ls="--", lw=1)
-    twin.set_ylabel("FLOPs/token ÷ the best's", color=FLOPS_COLOR, fontsize=8)
-    twin.tick_params(axis="y", labelsize=7, colors=FLOPS_COLOR)
+    pct = [100 * (p.flops_per_token / best - 1) if best > 0 else math.nan for p in b.points]
+    ax.plot(at, pct, color=FLOPS_COLOR, marker="s", ms=3, ls="--", lw=1)
 
 
 def metric_words(metric: str) -> str:
@@ -81,7 +79,7 @@ def basin_figures(basins: Sequence[Basin], max_pages: int | None = None) -> list
         ]
         if compute:
             extra.append(Line2D([], [], color=FLOPS_COLOR, marker="s", ms=3, ls="--",
-                                label="FLOPs/token ÷ the best value's (right axis)"))  # fmt: skip
+                                label="FLOPs/token vs the best value's, %"))  # fmt: skip
         for page, panel in enumerate(pages, 1):
             fig, axes = panel_grid(len(panel), [], len(extra))
             for ax, b in zip(axes, panel):
@@ -119,8 +117,8 @@ def basin_figures(basins: Sequence[Basin], max_pages: int | None = None) -> list
                 "value's best LR is at an edge of its grid (its loss may be lower beyond it); a red x: stalled "
                 "seeds among its runs there. x on a log scale; ∞ and 0 (where the axis has them) a decade beyond."
             ) + (
-                " Dashed, right axis: each value's training FLOPs per token divided by the best value's (the values "
-                "are matched in parameters and tokens, not in compute)."
+                " Dashed grey, on the same axis: each value's training FLOPs per token relative to the best value's "
+                "in % (the values are matched in parameters and tokens, not in compute)."
                 if compute
                 else ""
             )

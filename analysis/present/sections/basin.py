@@ -23,8 +23,8 @@ INTRO = (
     "noisy means, so the others lean up by about its noise. Basin claims (within m% of the best over [a, b]; worse "
     "by at least m% beyond c) are decided on these numbers in the Claims section. Where the values' training FLOPs "
     "per token differ (at a fixed parameter count, a deeper model pays more attention FLOPs: 12 L d T), the table "
-    "gives each value's FLOPs per token and its ratio to the best value's, and the figure draws that ratio too: "
-    "the loss is matched in parameters and tokens, not in compute."
+    "gives each value's FLOPs per token and its ratio to the best value's, and the figure draws it too (in % of "
+    "the best value's): the loss is matched in parameters and tokens, not in compute."
 )
 
 
