@@ -44,11 +44,12 @@ NOISE = {(1, 0): 0.004, (1, 1): -0.003, (1, 2): 0.001, (2, 0): 0.0, (2, 1): 0.00
 
 def planted(base: dict[int, float], stalled: tuple[int, int] | None = None, bpe: bool = False,
             bpb: dict[int, float] | None = None, widths: dict[int, int] | None = None,
-            shape: str | None = None, flops: dict[int, float] | None = None) -> Any:  # fmt: skip
+            shape: str | None = None, flops: dict[int, float] | None = None,
+            tokens: dict[int, int] | None = None) -> Any:  # fmt: skip
     """A run set: final val loss = base[x] + 0.05 per grid step away from the point's best LR + the seed's offset
     + the (x, seed) noise. ``stalled``: (x, seed) whose run at its best LR stalled; ``bpe``: each x its own BPE
     vocabulary (256 x) (a vocabulary study: the axis is the tokenizer); ``bpb``: bits per byte = loss x bpb[x];
-    ``flops``: each x's training FLOPs per token."""
+    ``flops``: each x's training FLOPs per token; ``tokens``: the tokens each x's runs trained on."""
     records = []
     for x, grid in GRIDS.items():
         for lr in grid:
@@ -62,6 +63,8 @@ def planted(base: dict[int, float], stalled: tuple[int, int] | None = None, bpe:
                     summary[M.FINAL_VAL_BPB] = loss * bpb[x]
                 if flops is not None:
                     summary[M.FLOPS_PER_TOKEN] = flops[x]
+                if tokens is not None:
+                    summary[M.TOTAL_TOKENS] = tokens[x]
                 if stalled == (x, s) and lr == BEST_LR[x]:
                     summary.update({M.STALLED: True, M.STALL_REASON: "unigram"})
                 cfg = {
@@ -262,6 +265,16 @@ def test_where_the_points_cost_different_flops_the_report_shows_each_ones_ratio_
     (table,) = [x for x in basin_blocks([b], []) if isinstance(x, Table)]
     assert "FLOPs/token (× the best's)" not in table.headers
     assert "FLOPs per token" not in basin_figures([b])[0].caption
+    # across tokenizers a token is no unit of text: the runs' training FLOPs (FLOPs/token x tokens) instead
+    bpe = planted(BASE, bpe=True, bpb=dict.fromkeys(BASE, 1.5), flops={1: 1e6, 2: 2e6, 4: 3e6, 16: 4e6, 32: 5e6},
+                  tokens={1: 8e5, 2: 4e5, 4: 3e5, 16: 2e5, 32: 2e5})  # fmt: skip
+    (b,) = basins(bpe, compare_runs(bpe))
+    assert b.metric == M.FINAL_VAL_BPB and b.best is not None and b.best.x == 512  # the axis: 256 x
+    (table,) = [x for x in basin_blocks([b], []) if isinstance(x, Table)]
+    assert table.headers[5] == "training FLOPs (× the best's)"
+    assert [row[5] for row in table.rows] == ["0.80T (×1.00)", "0.80T (×1.00)", "0.90T (×1.12)", "0.80T (×1.00)",
+                                              "1.00T (×1.25)"]  # fmt: skip
+    assert "training FLOPs (a token is no unit of text" in basin_figures([b])[0].caption
 
 
 # two requests that solve to one width (shape=iso: GELU at 4 and SwiGLU at 8/3 are both d_model 74), so the width

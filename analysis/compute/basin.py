@@ -20,7 +20,9 @@ axis (a *point*):
 
     F(x)        the point's training FLOPs per token (summary.json flops_per_token; one shape per point): at a fixed
                 parameter count a shape can still cost more compute (attention's 12 L d T grows with depth at a
-                fixed N), so the report shows F(x) / F(x*) beside r(x) where the points' F differ
+                fixed N), so the report shows F(x) / F(x*) beside r(x) where the points' F differ; where the
+                tokenizers differ a token is not a unit of text, so the run's training FLOPs (F x tokens seen,
+                the same training bytes for every point under train.max_bytes) take F's place
 
 x* has r = 0 and no interval. Metric: final val loss, or final val bits per byte where the points' tokenizers
 differ (loss per token is not comparable across tokenizers; without bits per byte such a basin is refused:
@@ -83,6 +85,7 @@ class Point:
     stalled: tuple[int, int]
     is_best: bool = False
     flops_per_token: float = math.nan  # F(x): mean over the point's runs at its best LR (NaN where not recorded)
+    train_flops: float = math.nan  # F(x) x tokens seen, the same mean
 
     @property
     def runs(self) -> tuple[str, ...]:
@@ -106,6 +109,15 @@ class Basin:
         return next((p for p in self.points if p.is_best), None)
 
     @property
+    def per_token(self) -> bool:
+        """Is compute compared per token (one tokenizer), or per run (tokenizers differ: training FLOPs)?"""
+        return self.metric != M.FINAL_VAL_BPB
+
+    def cost(self, p: Point) -> float:
+        """What point ``p`` costs: FLOPs per token, or its run's training FLOPs where tokenizers differ."""
+        return p.flops_per_token if self.per_token else p.train_flops
+
+    @property
     def table(self) -> pd.DataFrame:
         rows = []
         for p in self.points:
@@ -115,7 +127,7 @@ class Basin:
                 "lr_grid": " ".join(override_text(v) for v in p.lr.grid), "mean": p.mean, "n": p.n,
                 "relative_pct": p.relative, "ci_low_pct": p.low, "ci_high_pct": p.high, "test": p.test,
                 "n_pairs": p.n_pairs, "is_best": p.is_best, "n_stalled": p.stalled[0], "runs_at_best_lr": p.stalled[1],
-                "flops_per_token": p.flops_per_token,
+                "flops_per_token": p.flops_per_token, "train_flops": p.train_flops,
             })  # fmt: skip
         return pd.DataFrame(rows)
 
@@ -181,7 +193,8 @@ def basin_of(
         mean = float(np.mean([v for *_, v in vs])) if vs else math.nan
         stall = (sum(stalled.get(r, False) for r in best.run_ids), len(best.run_ids))
         common = dict(x=x, value=written[x], lr=best, mean=mean, n=len(vs), values=tuple(vs), stalled=stall,
-                      flops_per_token=_mean_of(rows, best.run_ids, M.FLOPS_PER_TOKEN))  # fmt: skip
+                      flops_per_token=_mean_of(rows, best.run_ids, M.FLOPS_PER_TOKEN),
+                      train_flops=_mean_of(rows, best.run_ids, M.FLOPS_PER_TOKEN, M.TOTAL_TOKENS))  # fmt: skip
         if x == best_x or not math.isfinite(best_x):
             nan = math.nan
             rel = 0.0 if x == best_x else nan
@@ -219,16 +232,18 @@ def _values(rows: pd.DataFrame, rs: RunSet, ids: Iterable[str], metric: str) -> 
     return out
 
 
-def _mean_of(rows: pd.DataFrame, ids: Iterable[str], column: str) -> float:
-    """The mean of ``column`` over the finite values ``ids`` recorded (NaN where none did)."""
-    vs = [_num(rows.loc[r].get(column)) for r in ids] if column in rows.columns else []
+def _mean_of(rows: pd.DataFrame, ids: Iterable[str], column: str, times: str | None = None) -> float:
+    """The mean of ``column`` (times ``times``) over the finite values ``ids`` recorded (NaN where none did)."""
+    factor = (lambda r: _num(rows.loc[r].get(times))) if times else (lambda r: 1.0)
+    vs = [_num(rows.loc[r].get(column)) * factor(r) for r in ids] if column in rows.columns else []
     vs = [v for v in vs if math.isfinite(v)]
     return float(np.mean(vs)) if vs else math.nan
 
 
 def flops_differ(b: Basin, tolerance: float = 0.005) -> bool:
-    """Do the points' FLOPs per token differ by more than ``tolerance`` (relative): is compute a second axis?"""
-    fs = [p.flops_per_token for p in b.points if math.isfinite(p.flops_per_token)]
+    """Do the points' costs (:meth:`Basin.cost`) differ by more than ``tolerance`` (relative): is compute a second
+    axis?"""
+    fs = [b.cost(p) for p in b.points if math.isfinite(b.cost(p))]
     return len(fs) >= 2 and max(fs) > (1 + tolerance) * min(fs)
 
 

@@ -25,6 +25,11 @@ from analysis.present.style import (
 from lm_ablate import metrics as M
 
 FLOPS_COLOR = "0.5"
+FLOPS_WORDS = {
+    "FLOPs/token": "training FLOPs per token",
+    "training FLOPs": "training FLOPs (a token is no unit of text across tokenizers: the whole run's, over the "
+    "same training bytes)",
+}
 DECADE = 10.0  # where 0 and inf sit on the log axis: a decade beyond the finite positive values
 
 
@@ -51,8 +56,8 @@ def positions(xs: Sequence[float]) -> tuple[list[float], list[str]]:
 def draw_flops(ax, at: Sequence[float], b: Basin) -> None:
     """100 (F(x) / F(x*) - 1), dashed, on the panel's own % axis: what each value costs per token against the best
     (a twin axis would not fit the report's panel width)."""
-    best = b.best.flops_per_token if b.best else math.nan
-    pct = [100 * (p.flops_per_token / best - 1) if best > 0 else math.nan for p in b.points]
+    best = b.cost(b.best) if b.best else math.nan
+    pct = [100 * (b.cost(p) / best - 1) if best > 0 else math.nan for p in b.points]
     ax.plot(at, pct, color=FLOPS_COLOR, marker="s", ms=3, ls="--", lw=1)
 
 
@@ -72,6 +77,7 @@ def basin_figures(basins: Sequence[Basin], max_pages: int | None = None) -> list
         pages = [group[i : i + MAX_PANELS] for i in range(0, len(group), MAX_PANELS)]
         pages = pages[:max_pages] if max_pages else pages
         compute = any(flops_differ(b) for b in group)
+        cost = "FLOPs/token" if group[0].per_token else "training FLOPs"
         extra = [
             Line2D([], [], color="0.3", marker="o", label="each value at its own best LR; bars: 95% CI over seeds"),
             Line2D([], [], color="0.3", marker="o", mfc="none", ls="", label="best LR at an edge of its grid"),
@@ -79,7 +85,7 @@ def basin_figures(basins: Sequence[Basin], max_pages: int | None = None) -> list
         ]
         if compute:
             extra.append(Line2D([], [], color=FLOPS_COLOR, marker="s", ms=3, ls="--",
-                                label="FLOPs/token vs the best value's, %"))  # fmt: skip
+                                label=f"{cost} vs the best value's, %"))  # fmt: skip
         for page, panel in enumerate(pages, 1):
             fig, axes = panel_grid(len(panel), [], len(extra))
             for ax, b in zip(axes, panel):
@@ -117,8 +123,8 @@ def basin_figures(basins: Sequence[Basin], max_pages: int | None = None) -> list
                 "value's best LR is at an edge of its grid (its loss may be lower beyond it); a red x: stalled "
                 "seeds among its runs there. x on a log scale; ∞ and 0 (where the axis has them) a decade beyond."
             ) + (
-                " Dashed grey, on the same axis: each value's training FLOPs per token relative to the best value's "
-                "in % (the values are matched in parameters and tokens, not in compute)."
+                f" Dashed grey, on the same axis: each value's {FLOPS_WORDS[cost]} relative to the best value's in % "
+                "(the values are matched in parameters and training text, not in compute)."
                 if compute
                 else ""
             )

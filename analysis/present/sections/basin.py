@@ -24,7 +24,8 @@ INTRO = (
     "by at least m% beyond c) are decided on these numbers in the Claims section. Where the values' training FLOPs "
     "per token differ (at a fixed parameter count, a deeper model pays more attention FLOPs: 12 L d T), the table "
     "gives each value's FLOPs per token and its ratio to the best value's, and the figure draws it too (in % of "
-    "the best value's): the loss is matched in parameters and tokens, not in compute."
+    "the best value's): the loss is matched in parameters and tokens, not in compute. Where the tokenizers differ, "
+    "a token is no unit of text, and each value's training FLOPs (the same training bytes) take their place."
 )
 
 
@@ -46,18 +47,22 @@ def basin_table(b: Basin) -> Table:
         rel = "0 (best)" if p.is_best else pct_text(p.relative, p.low, p.high)
         row = [override_text(p.value), lr + (" ⚠ grid edge" if p.lr.at_edge else ""), num(p.mean), str(p.n), rel]
         if compute:
-            row.append(flops_text(p.flops_per_token, best.flops_per_token if best else float("nan")))
+            row.append(flops_text(b.cost(p), b.cost(best) if best else float("nan")))
         rows.append([*row, stalled])
     headers = ["value", "its best LR", f"{metric_words(b.metric)} (mean)", "seeds", "vs the best (95% CI)"]
-    headers += ["FLOPs/token (× the best's)"] if compute else []
+    headers += [f"{cost_words(b)} (× the best's)"] if compute else []
     return Table([*headers, "stalled"], rows, frozenset(range(2, len(headers))))
+
+
+def cost_words(b: Basin) -> str:
+    return "FLOPs/token" if b.per_token else "training FLOPs"
 
 
 def flops_text(flops: float, best: float) -> str:
     if not finite(flops):
         return "–"
     ratio = f" (×{flops / best:.2f})" if finite(best) and best > 0 else ""
-    return f"{flops / 1e6:.2f}M{ratio}"
+    return (f"{flops / 1e12:.2f}T" if flops >= 1e11 else f"{flops / 1e6:.2f}M") + ratio
 
 
 def basin_blocks(basins: Sequence[Basin], figures: Sequence[PlotFigure]) -> list[Block]:
