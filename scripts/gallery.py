@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -150,8 +151,10 @@ def build_study(study: str) -> Path:
     for name in KEPT:
         if (report / name).exists():
             shutil.copy2(report / name, target / name)
-    for png in report.glob("*.png"):
-        shutil.copy2(png, target / png.name)
+    shown = set(re.findall(r"\]\(([^)/]+\.png)\)", (report / "report.md").read_text()))
+    for png in report.glob("*.png"):  # only the figures this report shows: an earlier build's extra pages stay out
+        if png.name in shown:
+            shutil.copy2(png, target / png.name)
     shrink_figures(target)
     runs_table([runs, *parts]).to_csv(target / RUNS_CSV, index=False)
     return target
